@@ -1,0 +1,1 @@
+"""The analytic cost model: FLOPs, memory, communication and step time. Pure Python, no torch."""

@@ -1,0 +1,1 @@
+"""Search over parallel plans with the cost model."""

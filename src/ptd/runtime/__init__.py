@@ -1,0 +1,1 @@
+"""The real thing: the model, the parallel dimensions, the trainer, on torch.distributed."""

@@ -1,0 +1,348 @@
+"""HardwareSpec (one device and the fabric of its node) and ClusterSpec (how many of them).
+
+Peak FLOP/s are **dense** figures. Vendors also print sparse (2:4 structured sparsity)
+figures, twice as large; MFU divided by those is half of what it should be, so they are kept
+only in ``sparse_peak_flops`` for display and never used in a formula.
+
+Achievable fractions are not tuning knobs. ``gemm_efficiency`` is the best large-GEMM rate a
+public microbenchmark measured divided by the dense peak (Bekman, *Machine Learning
+Engineering*, "Maximum Achievable Matmul FLOPS comparison table", bf16, mamf-finder.py);
+``link_efficiency`` is the fraction of a link's per-direction bandwidth that NCCL's bus
+bandwidth typically reaches. Where no measurement is published the field says so in
+``sources``. A profile written by ``ptd calibrate`` replaces them with what it measured.
+
+Bandwidths are bytes/s in **one direction per device** (NVIDIA quotes NVLink bidirectional:
+900 GB/s on H100 is 450 GB/s each way).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import PtdError
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+T, G = 1e12, 1e9
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One kind of link between devices."""
+
+    bandwidth: float
+    """Bytes/s per device, one direction."""
+    latency: float
+    """Seconds per message (the alpha of the alpha-beta model)."""
+    efficiency: float = 0.8
+    """Fraction of ``bandwidth`` a large collective reaches (bus bandwidth / link)."""
+
+    @property
+    def effective_bandwidth(self) -> float:
+        return self.bandwidth * self.efficiency
+
+
+@dataclass(frozen=True)
+class CollectiveFit:
+    """A measured alpha-beta fit of one collective at one group size (``ptd calibrate``).
+
+    time(M) = alpha + M / bus_bandwidth * factor(kind, n), M the message in bytes; see
+    ``ptd.cost.comm`` for the factors. Stored as bus bandwidth so that one number per link
+    is comparable across group sizes.
+    """
+
+    kind: str
+    group_size: int
+    alpha: float
+    """Seconds."""
+    bus_bandwidth: float
+    """Bytes/s (algorithm bandwidth times the collective's ring factor)."""
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One accelerator (or CPU worker) and the node it sits in."""
+
+    name: str
+    """Preset or profile name."""
+    peak_flops: dict[str, float]
+    """Dense peak FLOP/s per dtype (``fp32``, ``tf32``, ``bf16``, ``fp16``, ``fp8``)."""
+    memory_bytes: float
+    """Device memory usable for training, bytes."""
+    memory_bandwidth: float
+    """Device memory bandwidth, bytes/s."""
+    intra_node: LinkSpec
+    """Device-to-device link inside a node (NVLink, Infinity Fabric, HCCS, shared memory)."""
+    inter_node: LinkSpec
+    """Network between nodes, per device (e.g. one 400 Gb/s NIC per GPU = 50 GB/s)."""
+    devices_per_node: int = 8
+    """Devices that share the intra-node fabric."""
+    gemm_efficiency: float = 0.8
+    """Fraction of the dense peak a large matmul reaches (see ``sources``)."""
+    memory_efficiency: float = 0.9
+    """Fraction of ``memory_bandwidth`` a large copy reaches (memory-bound kernels)."""
+    op_overhead: float = 0.0
+    """Seconds each kernel/operator costs beyond its work: launch and dispatch. Zero on GPUs
+    (launches are asynchronous and hide behind large kernels); measured on CPU."""
+    host_bandwidth: float = 25 * G
+    """Device-host link (PCIe) bytes/s, used for CPU offload."""
+    sparse_peak_flops: dict[str, float] = field(default_factory=dict)
+    """Vendor 2:4-sparse peaks, for display only: never an MFU denominator."""
+    gemm_flops_measured: dict[str, dict[int, float]] = field(default_factory=dict)
+    """From ``ptd calibrate``: achieved matmul FLOP/s per worker, by dtype, then by how many
+    workers ran at once on the node (cores and memory are shared). Overrides peak*efficiency."""
+    collectives: tuple[CollectiveFit, ...] = ()
+    """From ``ptd calibrate``: measured alpha-beta per collective and group size."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Where each number comes from."""
+
+    def __post_init__(self) -> None:
+        if not self.peak_flops or any(v <= 0 for v in self.peak_flops.values()):
+            raise PtdError(f"hardware {self.name}: peak_flops needs positive values")
+        for f in ("memory_bytes", "memory_bandwidth", "host_bandwidth"):
+            if getattr(self, f) <= 0:
+                raise PtdError(f"hardware {self.name}: {f} must be positive")
+        if self.devices_per_node < 1:
+            raise PtdError(f"hardware {self.name}: devices_per_node must be at least 1")
+        for f in ("gemm_efficiency", "memory_efficiency"):
+            if not 0 < getattr(self, f) <= 1:
+                raise PtdError(f"hardware {self.name}: {f} must be in (0, 1]")
+        if self.op_overhead < 0:
+            raise PtdError(f"hardware {self.name}: op_overhead must be non-negative")
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype`` (the MFU denominator)."""
+        key = dtype if dtype in self.peak_flops else {"fp16": "bf16", "bf16": "fp16"}.get(dtype, "")
+        if key not in self.peak_flops:
+            raise PtdError(f"hardware {self.name} has no peak for dtype {dtype}; "
+                           f"known: {', '.join(self.peak_flops)}")
+        return self.peak_flops[key]
+
+    def gemm_rate(self, dtype: str, workers_per_node: int = 1) -> float:
+        """Achievable matmul FLOP/s of one device (worker) while ``workers_per_node`` run.
+
+        A calibrated profile gives the measured rate for the nearest worker count not below
+        the one asked (more workers never run faster); presets give peak times efficiency.
+        """
+        table = self.gemm_flops_measured.get(dtype)
+        if table:
+            counts = sorted(table)
+            pick = next((n for n in counts if n >= workers_per_node), counts[-1])
+            rate = table[pick]
+            if workers_per_node > pick:  # beyond what was measured: share it out
+                rate *= pick / workers_per_node
+            return rate
+        return self.peak(dtype) * self.gemm_efficiency
+
+    @property
+    def effective_memory_bandwidth(self) -> float:
+        return self.memory_bandwidth * self.memory_efficiency
+
+    def collective_fit(self, kind: str, group_size: int) -> CollectiveFit | None:
+        """The measured fit for ``kind`` at the closest group size, if calibrated."""
+        fits = [c for c in self.collectives if c.kind == kind]
+        if not fits:
+            return None
+        return min(fits, key=lambda c: (abs(c.group_size - group_size), -c.group_size))
+
+    def replace(self, **changes: Any) -> "HardwareSpec":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["gemm_flops_measured"] = {k: {str(n): r for n, r in v.items()}
+                                    for k, v in self.gemm_flops_measured.items()}
+        return d
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """``n_devices`` devices of one kind, ``devices_per_node`` to a node."""
+
+    hardware: HardwareSpec
+    """The device and its node fabric."""
+    n_devices: int
+    """Total devices (GPUs, or CPU worker processes)."""
+    devices_per_node: int = 0
+    """Devices per node; 0 takes the hardware's own."""
+
+    def __post_init__(self) -> None:
+        if self.devices_per_node == 0:
+            object.__setattr__(self, "devices_per_node",
+                               min(self.hardware.devices_per_node, self.n_devices))
+        if self.n_devices < 1:
+            raise PtdError(f"the cluster needs at least one device, got {self.n_devices}")
+        if self.devices_per_node < 1:
+            raise PtdError(f"devices per node must be at least 1, got {self.devices_per_node}")
+        if self.n_devices > self.devices_per_node and self.n_devices % self.devices_per_node:
+            raise PtdError(f"{self.n_devices} devices do not fill whole nodes of "
+                           f"{self.devices_per_node}")
+
+    @property
+    def n_nodes(self) -> int:
+        return max(1, self.n_devices // self.devices_per_node)
+
+    @property
+    def workers_per_node(self) -> int:
+        return min(self.devices_per_node, self.n_devices)
+
+    def gemm_rate(self, dtype: str) -> float:
+        return self.hardware.gemm_rate(dtype, self.workers_per_node)
+
+
+# ------------------------------------------------------------------ presets
+_MAMF = ("Bekman, Machine Learning Engineering, 'Maximum Achievable Matmul FLOPS comparison "
+         "table' (mamf-finder.py, bf16)")
+_BUSBW = "assumed: NCCL bus bandwidth typically reaches ~80% of the per-direction link rate"
+
+
+def _gpu(name: str, *, fp32: float, tf32: float, bf16: float, fp8: float | None, mem_gib: float,
+         bw: float, nvlink: float, nic: float, gemm_eff: float, gemm_src: str,
+         mem_eff: float = 0.9, mem_src: str = "assumed: large copies reach ~90% of HBM bandwidth",
+         pcie: float = 25 * G, node: int = 8, spec_src: str = "vendor datasheet") -> HardwareSpec:
+    peak = {"fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": bf16}
+    if fp8:
+        peak["fp8"] = fp8
+    return HardwareSpec(
+        name=name, peak_flops=peak, memory_bytes=mem_gib * GiB, memory_bandwidth=bw,
+        intra_node=LinkSpec(nvlink, 5e-6, 0.8), inter_node=LinkSpec(nic, 10e-6, 0.8),
+        devices_per_node=node, gemm_efficiency=gemm_eff, memory_efficiency=mem_eff,
+        host_bandwidth=pcie,
+        sparse_peak_flops={k: 2 * v for k, v in peak.items() if k in ("tf32", "bf16", "fp16", "fp8")},
+        sources={"peaks": spec_src, "gemm_efficiency": gemm_src, "memory_efficiency": mem_src,
+                 "link_efficiency": _BUSBW, "latency": "assumed: 5 us NVLink, 10 us network hop"})
+
+
+PRESETS: dict[str, HardwareSpec] = {
+    h.name: h
+    for h in [
+        # V100 SXM2 32 GB: 125 TFLOP/s fp16 tensor, NVLink2 300 GB/s total (150 each way),
+        # 100 Gb/s EDR per GPU in DGX-1 class systems.
+        _gpu("v100", fp32=15.7 * T, tf32=15.7 * T, bf16=125 * T, fp8=None, mem_gib=32,
+             bw=900 * G, nvlink=150 * G, nic=12.5 * G, gemm_eff=0.8,
+             gemm_src="assumed: no published MAMF for V100; 0.8 like its successors"),
+        # A100 SXM: 312 TFLOP/s bf16 dense (624 sparse); NVLink3 600 GB/s (300 each way);
+        # 200 Gb/s HDR per GPU (DGX A100).
+        _gpu("a100-40g", fp32=19.5 * T, tf32=156 * T, bf16=312 * T, fp8=None, mem_gib=40,
+             bw=1555 * G, nvlink=300 * G, nic=25 * G, gemm_eff=267.9 / 312, gemm_src=_MAMF),
+        _gpu("a100-80g", fp32=19.5 * T, tf32=156 * T, bf16=312 * T, fp8=None, mem_gib=80,
+             bw=2039 * G, nvlink=300 * G, nic=25 * G, gemm_eff=267.9 / 312, gemm_src=_MAMF),
+        # H100 SXM5: 989 TFLOP/s bf16 dense (1979 sparse); HBM3 3.35 TB/s; NVLink4 900 GB/s
+        # (450 each way); 400 Gb/s NDR per GPU. MAMF 792.1; one reading here: an 8192^3
+        # bf16 matmul at ~798 TFLOP/s and a device copy at ~3.0 TB/s (0.9 of HBM).
+        _gpu("h100-sxm", fp32=67 * T, tf32=494.7 * T, bf16=989.4 * T, fp8=1978.9 * T, mem_gib=80,
+             bw=3350 * G, nvlink=450 * G, nic=50 * G, gemm_eff=792.1 / 989.4, gemm_src=_MAMF,
+             mem_eff=3.0 / 3.35, mem_src="measured: device-to-device copy ~3.0 TB/s on H100 SXM",
+             pcie=55 * G),
+        # H200 SXM: H100 compute with 141 GB HBM3e at 4.8 TB/s.
+        _gpu("h200", fp32=67 * T, tf32=494.7 * T, bf16=989.4 * T, fp8=1978.9 * T, mem_gib=141,
+             bw=4800 * G, nvlink=450 * G, nic=50 * G, gemm_eff=794.5 / 989.4,
+             gemm_src=_MAMF + " (H100/H200 row)", pcie=55 * G),
+        # B200 (HGX): 2.25 PFLOP/s bf16 dense; 180 GB usable HBM3e at 8 TB/s; NVLink5
+        # 1.8 TB/s (900 each way); 400 Gb/s per GPU.
+        _gpu("b200", fp32=75 * T, tf32=1100 * T, bf16=2250 * T, fp8=4500 * T, mem_gib=180,
+             bw=8000 * G, nvlink=900 * G, nic=50 * G, gemm_eff=1745.0 / 2250, gemm_src=_MAMF,
+             pcie=55 * G),
+        # MI300X: 1307.4 TFLOP/s bf16 dense; 192 GB HBM3 at 5.3 TB/s; 7 Infinity Fabric links
+        # of 64 GB/s each way (448 GB/s); 400 Gb/s per GPU.
+        _gpu("mi300x", fp32=163.4 * T, tf32=653.7 * T, bf16=1307.4 * T, fp8=2614.9 * T,
+             mem_gib=192, bw=5300 * G, nvlink=448 * G, nic=50 * G, gemm_eff=781.9 / 1307.4,
+             gemm_src=_MAMF, pcie=55 * G),
+        # Ascend 910B: public figures vary by bin; ~320 TFLOP/s fp16 dense, 64 GB HBM2e at
+        # 1.6 TB/s, HCCS 392 GB/s total per chip (196 each way), 200 Gb/s RoCE per chip.
+        _gpu("ascend-910b", fp32=80 * T, tf32=160 * T, bf16=320 * T, fp8=None, mem_gib=64,
+             bw=1600 * G, nvlink=196 * G, nic=25 * G, gemm_eff=0.8,
+             gemm_src="assumed: no published MAMF for the 910B",
+             spec_src="public reports (Huawei publishes few figures); approximate"),
+        # This class of machine (2-core AMD EPYC with AVX-512 BF16, gloo over shared memory),
+        # from ../shared/README.md: one thread ~61 GFLOP/s fp32 and ~180 bf16; two processes
+        # at once ~36 fp32 each; gloo all-reduce of 4-64 MB ~0.5-1 GB/s. These are defaults
+        # until `ptd calibrate` measures the machine it runs on.
+        HardwareSpec(
+            name="cpu", peak_flops={"fp32": 61 * G, "bf16": 180 * G, "fp16": 180 * G},
+            memory_bytes=24 * GiB, memory_bandwidth=10 * G,
+            intra_node=LinkSpec(1.0 * G, 50e-6, 0.75), inter_node=LinkSpec(1.0 * G, 100e-6, 0.75),
+            devices_per_node=8, gemm_efficiency=1.0, memory_efficiency=1.0, op_overhead=10e-6,
+            host_bandwidth=10 * G,
+            gemm_flops_measured={"fp32": {1: 61 * G, 2: 36 * G}},
+            sources={"all": "../shared/README.md measurements of this machine class (2026-11); "
+                            "memory bandwidth and op overhead assumed until calibrated"}),
+    ]
+}
+
+
+def hardware_home() -> Path:
+    """Where ``ptd calibrate`` writes profiles: ``$PTD_HOME/hardware`` (``~/.ptd/hardware``)."""
+    return Path(os.environ.get("PTD_HOME", Path.home() / ".ptd")) / "hardware"
+
+
+def _link(d: Any, what: str) -> LinkSpec:
+    if isinstance(d, LinkSpec):
+        return d
+    try:
+        return LinkSpec(**d)
+    except TypeError as e:
+        raise PtdError(f"hardware {what}: bad link table ({e})") from None
+
+
+def hardware_from_dict(d: dict[str, Any], name: str = "custom") -> HardwareSpec:
+    """Build from a TOML/JSON table (``preset = "..."`` plus overrides, or every field)."""
+    d = dict(d)
+    base = d.pop("preset", None)
+    known = {f.name for f in dataclasses.fields(HardwareSpec)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise PtdError(f"{name}: unknown hardware field(s) {', '.join(unknown)}")
+    for k in ("intra_node", "inter_node"):
+        if k in d:
+            d[k] = _link(d[k], name)
+    if "gemm_flops_measured" in d:
+        d["gemm_flops_measured"] = {dt: {int(n): float(r) for n, r in t.items()}
+                                    for dt, t in d["gemm_flops_measured"].items()}
+    if "collectives" in d:
+        d["collectives"] = tuple(c if isinstance(c, CollectiveFit) else CollectiveFit(**c)
+                                 for c in d["collectives"])
+    if base is not None:
+        return get_hardware_preset(base).replace(**d)
+    d.setdefault("name", name)
+    try:
+        return HardwareSpec(**d)
+    except TypeError as e:
+        raise PtdError(f"{name}: incomplete hardware table ({e})") from None
+
+
+def get_hardware_preset(name: str) -> HardwareSpec:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise PtdError(f"unknown hardware {name!r}; choose a preset ({', '.join(PRESETS)}), "
+                       f"a calibrated profile in {hardware_home()}, or a .toml file") from None
+
+
+def load_hardware(ref: str | HardwareSpec) -> HardwareSpec:
+    """A preset name, a calibrated profile name (``$PTD_HOME/hardware/NAME.toml``), or a path."""
+    if isinstance(ref, HardwareSpec):
+        return ref
+    if ref in PRESETS:
+        return PRESETS[ref]
+    path = Path(ref)
+    if path.suffix != ".toml":
+        candidate = hardware_home() / f"{ref}.toml"
+        if candidate.is_file():
+            path = candidate
+        else:
+            return get_hardware_preset(ref)  # raises with the choices
+    if not path.is_file():
+        raise PtdError(f"hardware file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise PtdError(f"cannot parse {path}: {e}") from None
+    return hardware_from_dict(data.get("hardware", data), path.stem)

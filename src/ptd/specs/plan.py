@@ -1,0 +1,181 @@
+"""ParallelPlan: how one training step is split over devices.
+
+A step processes ``global_batch`` sequences of ``seq_len`` tokens. The devices form a
+``pp x dp x tp`` grid (see :mod:`ptd.specs.layout` for which rank sits where). Each
+data-parallel replica runs ``n_microbatches = global_batch / (micro_batch * dp)``
+micro-batches per step: gradient-accumulation steps without pipelining, pipeline
+micro-batches with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..errors import PtdError
+from .model import ModelSpec
+
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]
+Dtype = Literal["fp32", "bf16", "fp16"]
+GradCompression = Literal["none", "fp16", "powersgd"]
+
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+TRAIN_DTYPES = ("fp32", "bf16", "fp16")
+GRAD_COMPRESSION = ("none", "fp16", "powersgd")
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """Degrees of parallelism and the shape of one optimizer step."""
+
+    dp: int = 1
+    """Data-parallel replicas (the ZeRO sharding group when ``zero > 0``)."""
+    tp: int = 1
+    """Tensor-parallel degree (Megatron 1-D: heads and MLP columns split)."""
+    pp: int = 1
+    """Pipeline-parallel stages (ranks along the pipeline)."""
+    vpp: int = 1
+    """Virtual stages per pipeline rank (model chunks); >1 means interleaved 1F1B."""
+    zero: int = 0
+    """0: DDP; 1: optimizer states sharded; 2: + gradients; 3: + parameters (FSDP)."""
+    sp: bool = False
+    """Sequence parallel: norms/dropout sharded along the sequence over the tp group."""
+    micro_batch: int = 1
+    """Sequences per micro-batch per data-parallel replica."""
+    global_batch: int = 8
+    """Sequences per optimizer step, over all replicas."""
+    seq_len: int = 128
+    """Tokens per sequence."""
+    recompute: Recompute = "none"
+    """Activation checkpointing: none, selective (attention core) or full (whole block)."""
+    schedule: Schedule = "1f1b"
+    """Pipeline schedule; ignored when ``pp == 1``."""
+    dtype: Dtype = "fp32"
+    """Compute dtype; bf16/fp16 keep fp32 master weights and optimizer states."""
+    offload: bool = False
+    """Optimizer states (and with ZeRO-3 parameters) kept in host memory (FSDP CPU offload)."""
+    grad_compression: GradCompression = "none"
+    """DDP gradient-communication hook: none, fp16 (halves bytes), powersgd (low rank)."""
+
+    # ----------------------------------------------------------- derived
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def n_microbatches(self) -> int:
+        """Micro-batches per replica per step (accumulation steps, or pipeline micro-batches)."""
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def stages_per_rank(self) -> int:
+        """Model chunks each pipeline rank holds: ``vpp``; the zero-bubble schedule places
+        two chunks per rank in a V (ZB-V) unless more are asked for."""
+        if self.pp > 1 and self.schedule == "zero-bubble":
+            return max(2, self.vpp)
+        return self.vpp
+
+    @property
+    def n_stages(self) -> int:
+        return self.pp * self.stages_per_rank
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    def replace(self, **changes: Any) -> "ParallelPlan":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        """Short human form, e.g. ``dp2 tp2 pp2 zero1 sp mb1 gb16 1f1b``."""
+        parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
+        if self.vpp > 1:
+            parts.append(f"vpp{self.vpp}")
+        parts.append(f"zero{self.zero}")
+        if self.sp:
+            parts.append("sp")
+        parts += [f"mb{self.micro_batch}", f"gb{self.global_batch}"]
+        if self.recompute != "none":
+            parts.append(f"rc-{self.recompute}")
+        if self.pp > 1:
+            parts.append(self.schedule)
+        if self.offload:
+            parts.append("offload")
+        return " ".join(parts)
+
+    # --------------------------------------------------------- validation
+    def validate(self, model: ModelSpec | None = None, world_size: int | None = None) -> None:
+        """Raise :class:`PtdError` with the first reason this plan cannot run."""
+        for f in ("dp", "tp", "pp", "vpp", "micro_batch", "global_batch", "seq_len"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise PtdError(f"{f} must be a positive integer, got {v!r}")
+        if self.zero not in (0, 1, 2, 3):
+            raise PtdError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.recompute not in RECOMPUTE:
+            raise PtdError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if self.schedule not in SCHEDULES:
+            raise PtdError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.dtype not in TRAIN_DTYPES:
+            raise PtdError(f"dtype must be one of {', '.join(TRAIN_DTYPES)}, got {self.dtype!r}")
+        if self.grad_compression not in GRAD_COMPRESSION:
+            raise PtdError(f"grad_compression must be one of {', '.join(GRAD_COMPRESSION)}, "
+                           f"got {self.grad_compression!r}")
+        if world_size is not None and self.world_size != world_size:
+            raise PtdError(f"dp*tp*pp = {self.dp}*{self.tp}*{self.pp} = {self.world_size} "
+                           f"does not equal the world size {world_size}")
+        if self.global_batch % (self.micro_batch * self.dp):
+            raise PtdError(f"global batch {self.global_batch} is not divisible by "
+                           f"micro-batch*dp = {self.micro_batch}*{self.dp}")
+        if self.sp and self.tp == 1:
+            raise PtdError("sequence parallel needs tp > 1")
+        if self.sp and self.seq_len % self.tp:
+            raise PtdError(f"sequence parallel needs seq_len ({self.seq_len}) divisible by tp ({self.tp})")
+        if self.pp == 1 and self.vpp > 1:
+            raise PtdError("vpp > 1 (virtual pipeline stages) needs pp > 1")
+        if self.pp > 1:
+            if self.schedule == "interleaved-1f1b" and self.vpp == 1:
+                raise PtdError("interleaved-1f1b needs vpp > 1; use 1f1b for one stage per rank")
+            if self.schedule in ("gpipe", "1f1b") and self.vpp > 1:
+                raise PtdError(f"{self.schedule} runs one stage per rank; vpp {self.vpp} needs "
+                               f"interleaved-1f1b or zero-bubble")
+            if self.schedule != "gpipe" and self.n_microbatches < self.pp:
+                raise PtdError(f"{self.schedule} needs at least pp = {self.pp} micro-batches per "
+                               f"step, got global_batch/(micro_batch*dp) = {self.n_microbatches}")
+        if self.grad_compression != "none" and self.zero != 0:
+            raise PtdError("gradient compression hooks apply to DDP only (zero 0)")
+        if self.offload and self.zero < 2:
+            raise PtdError("offload needs zero 2 or 3 (it uses FSDP's CPU offload)")
+        if model is not None:
+            self._validate_against(model)
+
+    def _validate_against(self, m: ModelSpec) -> None:
+        t = self.tp
+        if m.n_heads % t:
+            raise PtdError(f"{m.name}: {m.n_heads} attention heads are not divisible by tp {t}")
+        if m.n_kv_heads % t:
+            raise PtdError(f"{m.name}: {m.n_kv_heads} key/value heads are not divisible by tp {t}")
+        if m.ffn_hidden % t:
+            raise PtdError(f"{m.name}: ffn_hidden {m.ffn_hidden} is not divisible by tp {t}")
+        if m.vocab_size % t:
+            raise PtdError(f"{m.name}: vocabulary {m.vocab_size} is not divisible by tp {t} "
+                           f"(the output layer is split over the vocabulary)")
+        if m.n_layers % self.n_stages:
+            what = f"pp*vpp = {self.pp}*{self.stages_per_rank}" if self.stages_per_rank > 1 else f"pp = {self.pp}"
+            raise PtdError(f"{m.name}: {m.n_layers} layers are not divisible by {what}")
+        if self.seq_len > m.max_seq_len:
+            raise PtdError(f"seq_len {self.seq_len} exceeds {m.name}'s max_seq_len {m.max_seq_len}")
+
+
+def plan_from_dict(d: dict[str, Any]) -> ParallelPlan:
+    known = {f.name for f in dataclasses.fields(ParallelPlan)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise PtdError(f"unknown plan field(s) {', '.join(unknown)}")
+    return ParallelPlan(**d)

@@ -1,0 +1,222 @@
+"""Specs: exact parameter counts, presets, loading, validation, placement."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ptd.errors import PtdError
+from ptd.specs import (ClusterSpec, ModelSpec, ParallelPlan, TrainConfig, config_from_dict,
+                       get_preset, load_config, load_hardware, load_model)
+from ptd.specs import layout
+from ptd.specs.model import PRESETS
+
+# Published parameter counts (model cards / config.json + safetensors index totals).
+PUBLISHED = {
+    "gpt2": 124_439_808,
+    "gpt2-355m": 354_823_168,
+    "gpt2-774m": 774_030_080,
+    "gpt2-1.5b": 1_557_611_200,
+    "llama2-7b": 6_738_415_616,
+    "llama2-13b": 13_015_864_320,
+    "llama2-70b": 68_976_648_192,
+    "llama3-8b": 8_030_261_248,
+    "llama3-70b": 70_553_706_496,
+    "llama3.1-405b": 405_853_388_800,
+    "mixtral-8x7b": 46_702_792_704,
+}
+
+
+@pytest.mark.parametrize("name,count", PUBLISHED.items())
+def test_published_parameter_counts(name, count):
+    assert get_preset(name).param_count() == count
+
+
+def test_gpt3_is_175b():
+    # OpenAI reports "175B"; the exact count of the published shape is 174.6B.
+    assert abs(get_preset("gpt3-175b").param_count() / 175e9 - 1) < 0.003
+
+
+def test_every_preset_has_a_count():
+    assert len(PRESETS) >= 15
+    for m in PRESETS.values():
+        assert m.param_count() > 0
+
+
+def test_moe_active_params_fewer_than_total():
+    m = get_preset("mixtral-8x7b")
+    # Mixtral's published "active parameters per token": 12.9B (incl. embeddings).
+    active = m.matmul_params(active=True) + m.vocab_size * m.hidden
+    assert abs(active / 12.9e9 - 1) < 0.01
+    assert m.matmul_params(active=False) > 3 * m.matmul_params(active=True)
+
+
+def test_hf_config_llama_and_gpt2(tmp_path):
+    llama = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+             "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+             "vocab_size": 128256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+             "rope_theta": 500000.0, "tie_word_embeddings": False}
+    (tmp_path / "l").mkdir()
+    (tmp_path / "l" / "config.json").write_text(json.dumps(llama))
+    m = load_model(str(tmp_path / "l"))
+    assert m.param_count() == PUBLISHED["llama3-8b"]
+    gpt2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
+            "n_positions": 1024}
+    p = tmp_path / "gpt2.json"
+    p.write_text(json.dumps(gpt2))
+    assert load_model(str(p)).param_count() == PUBLISHED["gpt2"]
+
+
+def test_model_from_toml(tmp_path):
+    p = tmp_path / "m.toml"
+    p.write_text('[model]\npreset = "llama2-7b"\nn_layers = 16\n')
+    m = load_model(str(p))
+    assert m.n_layers == 16 and m.hidden == 4096
+    p.write_text('[model]\nbogus = 1\n')
+    with pytest.raises(PtdError, match="unknown model field"):
+        load_model(str(p))
+
+
+@pytest.mark.parametrize("ref,msg", [
+    ("nope", "unknown model preset"),
+    ("/nonexistent/x.toml", "not found"),
+])
+def test_model_bad_refs(ref, msg):
+    with pytest.raises(PtdError, match=msg):
+        load_model(ref)
+
+
+def test_model_validation():
+    with pytest.raises(PtdError, match="multiple of n_kv_heads"):
+        get_preset("tiny").replace(n_kv_heads=3)
+    with pytest.raises(PtdError, match="positive integer"):
+        get_preset("tiny").replace(n_layers=0)
+
+
+def test_hardware_presets_dense_not_sparse():
+    h = load_hardware("h100-sxm")
+    assert h.peak("bf16") == pytest.approx(989.4e12)
+    assert h.sparse_peak_flops["bf16"] == pytest.approx(2 * 989.4e12)
+    # The one H100 reading: 8192^3 bf16 matmul at ~798 TFLOP/s of 989 dense.
+    assert abs(h.gemm_rate("bf16") / 798e12 - 1) < 0.02
+    for name in ["v100", "a100-40g", "a100-80g", "h100-sxm", "h200", "b200", "mi300x",
+                 "ascend-910b", "cpu"]:
+        hw = load_hardware(name)
+        assert hw.sources, name
+
+
+def test_hardware_from_toml(tmp_path):
+    p = tmp_path / "mygpu.toml"
+    p.write_text('[hardware]\npreset = "a100-80g"\nmemory_bytes = 4.0e10\n'
+                 '[hardware.inter_node]\nbandwidth = 1e10\nlatency = 2e-5\n')
+    h = load_hardware(str(p))
+    assert h.memory_bytes == 4e10 and h.inter_node.bandwidth == 1e10
+    assert h.peak("bf16") == 312e12
+
+
+def test_cpu_rate_shared_between_workers():
+    cpu = load_hardware("cpu")
+    assert cpu.gemm_rate("fp32", 1) > cpu.gemm_rate("fp32", 2) > cpu.gemm_rate("fp32", 4)
+    assert cpu.gemm_rate("fp32", 4) == pytest.approx(cpu.gemm_rate("fp32", 2) / 2)
+
+
+def test_cluster_nodes():
+    c = ClusterSpec(load_hardware("h100-sxm"), 64)
+    assert c.n_nodes == 8 and c.devices_per_node == 8
+    with pytest.raises(PtdError, match="whole nodes"):
+        ClusterSpec(load_hardware("h100-sxm"), 12)
+
+
+# ----------------------------------------------------------------- plans
+tiny = get_preset("tiny")
+
+
+@pytest.mark.parametrize("plan,world,msg", [
+    (ParallelPlan(dp=2, tp=2), 8, "does not equal the world size 8"),
+    (ParallelPlan(tp=3), None, "not divisible by tp 3"),
+    (ParallelPlan(tp=8), None, "key/value heads are not divisible by tp 8"),
+    (ParallelPlan(pp=3), None, "layers are not divisible by pp = 3"),
+    (ParallelPlan(pp=2, vpp=4, schedule="interleaved-1f1b", global_batch=8), None,
+     "not divisible by pp\\*vpp = 2\\*4"),
+    (ParallelPlan(dp=3, global_batch=8), None, "not divisible by micro-batch\\*dp"),
+    (ParallelPlan(pp=4, global_batch=2, schedule="1f1b"), None, "at least pp = 4 micro-batches"),
+    (ParallelPlan(pp=2, vpp=1, schedule="interleaved-1f1b"), None, "needs vpp > 1"),
+    (ParallelPlan(pp=2, vpp=2, schedule="1f1b"), None, "one stage per rank"),
+    (ParallelPlan(vpp=2), None, "needs pp > 1"),
+    (ParallelPlan(sp=True), None, "needs tp > 1"),
+    (ParallelPlan(zero=4), None, "zero must be"),
+    (ParallelPlan(recompute="most"), None, "recompute must be"),
+    (ParallelPlan(dtype="fp64"), None, "dtype must be"),
+    (ParallelPlan(micro_batch=0), None, "positive integer"),
+    (ParallelPlan(seq_len=100000), None, "exceeds"),
+    (ParallelPlan(offload=True), None, "offload needs zero 2 or 3"),
+    (ParallelPlan(zero=1, grad_compression="fp16"), None, "DDP only"),
+])
+def test_plan_validation_one_line(plan, world, msg):
+    with pytest.raises(PtdError, match=msg) as e:
+        plan.validate(tiny, world)
+    assert "\n" not in str(e.value)
+
+
+def test_plan_derived():
+    p = ParallelPlan(dp=2, tp=2, pp=2, micro_batch=2, global_batch=16)
+    p.validate(tiny, 8)
+    assert p.world_size == 8 and p.n_microbatches == 4
+    zb = ParallelPlan(pp=2, schedule="zero-bubble", global_batch=4)
+    assert zb.stages_per_rank == 2 and zb.n_stages == 4
+    zb.validate(tiny)
+
+
+def test_layout_tp_innermost_then_dp_then_pp():
+    p = ParallelPlan(dp=2, tp=2, pp=2)
+    assert layout.coords(0, p) == {"pp": 0, "dp": 0, "tp": 0}
+    assert layout.coords(1, p) == {"pp": 0, "dp": 0, "tp": 1}
+    assert layout.coords(2, p) == {"pp": 0, "dp": 1, "tp": 0}
+    assert layout.coords(4, p) == {"pp": 1, "dp": 0, "tp": 0}
+    assert layout.groups("tp", p) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert layout.groups("dp", p) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert layout.groups("pp", p) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    for r in range(8):
+        c = layout.coords(r, p)
+        assert layout.rank_of(c["pp"], c["dp"], c["tp"], p) == r
+    # tp 8 inside a node of 8; dp 4 then spans 4 nodes with one member each.
+    big = ParallelPlan(dp=4, tp=8, pp=2)
+    assert layout.axis_node_split("tp", big, 8) == (1, 8)
+    assert layout.axis_node_split("dp", big, 8) == (4, 1)
+    assert layout.axis_node_split("dp", ParallelPlan(dp=16, tp=2), 8) == (4, 4)
+
+
+# ----------------------------------------------------------------- config
+def test_train_config_toml_roundtrip(tmp_path):
+    c = TrainConfig().replace(steps=7, seed=3)
+    c = c.replace(plan=c.plan.replace(dp=2, tp=2, sp=True))
+    path = tmp_path / "config.toml"
+    c.save(path)
+    back = load_config(path)
+    assert back == c
+
+
+def test_train_config_overlay_and_errors():
+    c = config_from_dict({"model": {"preset": "tiny"}, "plan": {"dp": 2}, "optim": {"lr": 1e-2},
+                          "steps": 5})
+    assert c.model == get_preset("tiny") and c.plan.dp == 2 and c.optim.lr == 1e-2 and c.steps == 5
+    with pytest.raises(PtdError, match="unknown config field"):
+        config_from_dict({"stepz": 5})
+    with pytest.raises(PtdError, match=r"\[optim\]: unknown field"):
+        config_from_dict({"optim": {"lrr": 1}})
+    TrainConfig().validate(4)
+    with pytest.raises(PtdError, match="world size 2"):
+        TrainConfig().validate(2)
+
+
+def test_specs_and_cost_never_import_torch():
+    code = ("import sys, ptd.specs, ptd.cost, ptd.planner, ptd.cli, ptd.commands;"
+            "from ptd.cli import build_parser; build_parser();"
+            "import pkgutil, importlib, ptd.cost as c, ptd.planner as p;"
+            "[importlib.import_module(m.name) for pkg in (c, p) for m in "
+            "pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.')];"
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')];"
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -88,6 +88,9 @@ class HardwareSpec:
     """Fraction of the dense peak a large matmul reaches (see ``sources``)."""
     memory_efficiency: float = 0.9
     """Fraction of ``memory_bandwidth`` a large copy reaches (memory-bound kernels)."""
+    attention_efficiency: float = 1.0
+    """Rate of the fused (flash) attention kernel relative to the large-GEMM rate; attention
+    has a short inner dimension (the head width) and a softmax between its two products."""
     op_overhead: float = 0.0
     """Seconds each kernel/operator costs beyond its work: launch and dispatch. Zero on GPUs
     (launches are asynchronous and hide behind large kernels); measured on CPU."""
@@ -111,7 +114,7 @@ class HardwareSpec:
                 raise PtdError(f"hardware {self.name}: {f} must be positive")
         if self.devices_per_node < 1:
             raise PtdError(f"hardware {self.name}: devices_per_node must be at least 1")
-        for f in ("gemm_efficiency", "memory_efficiency"):
+        for f in ("gemm_efficiency", "memory_efficiency", "attention_efficiency"):
             if not 0 < getattr(self, f) <= 1:
                 raise PtdError(f"hardware {self.name}: {f} must be in (0, 1]")
         if self.op_overhead < 0:
@@ -201,11 +204,16 @@ class ClusterSpec:
 _MAMF = ("Bekman, Machine Learning Engineering, 'Maximum Achievable Matmul FLOPS comparison "
          "table' (mamf-finder.py, bf16)")
 _BUSBW = "assumed: NCCL bus bandwidth typically reaches ~80% of the per-direction link rate"
+_FA2_A100 = ("Dao 2023, FlashAttention-2 (arXiv 2307.08691): 50-73% of peak on A100; 60% "
+             "of dense peak taken")
+_FA2_H100 = ("Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608): FlashAttention-2 reaches "
+             "~35% of peak on H100 (FlashAttention-3 up to 75%); 35% taken")
 
 
 def _gpu(name: str, *, fp32: float, tf32: float, bf16: float, fp8: float | None, mem_gib: float,
          bw: float, nvlink: float, nic: float, gemm_eff: float, gemm_src: str,
          mem_eff: float = 0.9, mem_src: str = "assumed: large copies reach ~90% of HBM bandwidth",
+         attn_peak_frac: float = 0.5, attn_src: str = "assumed: no published fused-attention rate",
          pcie: float = 25 * G, node: int = 8, spec_src: str = "vendor datasheet") -> HardwareSpec:
     peak = {"fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": bf16}
     if fp8:
@@ -214,9 +222,11 @@ def _gpu(name: str, *, fp32: float, tf32: float, bf16: float, fp8: float | None,
         name=name, peak_flops=peak, memory_bytes=mem_gib * GiB, memory_bandwidth=bw,
         intra_node=LinkSpec(nvlink, 5e-6, 0.8), inter_node=LinkSpec(nic, 10e-6, 0.8),
         devices_per_node=node, gemm_efficiency=gemm_eff, memory_efficiency=mem_eff,
+        attention_efficiency=min(1.0, attn_peak_frac / gemm_eff),
         host_bandwidth=pcie,
         sparse_peak_flops={k: 2 * v for k, v in peak.items() if k in ("tf32", "bf16", "fp16", "fp8")},
         sources={"peaks": spec_src, "gemm_efficiency": gemm_src, "memory_efficiency": mem_src,
+                 "attention_efficiency": attn_src,
                  "link_efficiency": _BUSBW, "latency": "assumed: 5 us NVLink, 10 us network hop"})
 
 
@@ -231,20 +241,23 @@ PRESETS: dict[str, HardwareSpec] = {
         # A100 SXM: 312 TFLOP/s bf16 dense (624 sparse); NVLink3 600 GB/s (300 each way);
         # 200 Gb/s HDR per GPU (DGX A100).
         _gpu("a100-40g", fp32=19.5 * T, tf32=156 * T, bf16=312 * T, fp8=None, mem_gib=40,
-             bw=1555 * G, nvlink=300 * G, nic=25 * G, gemm_eff=267.9 / 312, gemm_src=_MAMF),
+             bw=1555 * G, nvlink=300 * G, nic=25 * G, gemm_eff=267.9 / 312, gemm_src=_MAMF,
+             attn_peak_frac=0.6, attn_src=_FA2_A100),
         _gpu("a100-80g", fp32=19.5 * T, tf32=156 * T, bf16=312 * T, fp8=None, mem_gib=80,
-             bw=2039 * G, nvlink=300 * G, nic=25 * G, gemm_eff=267.9 / 312, gemm_src=_MAMF),
+             bw=2039 * G, nvlink=300 * G, nic=25 * G, gemm_eff=267.9 / 312, gemm_src=_MAMF,
+             attn_peak_frac=0.6, attn_src=_FA2_A100),
         # H100 SXM5: 989 TFLOP/s bf16 dense (1979 sparse); HBM3 3.35 TB/s; NVLink4 900 GB/s
         # (450 each way); 400 Gb/s NDR per GPU. MAMF 792.1; one reading here: an 8192^3
         # bf16 matmul at ~798 TFLOP/s and a device copy at ~3.0 TB/s (0.9 of HBM).
         _gpu("h100-sxm", fp32=67 * T, tf32=494.7 * T, bf16=989.4 * T, fp8=1978.9 * T, mem_gib=80,
              bw=3350 * G, nvlink=450 * G, nic=50 * G, gemm_eff=792.1 / 989.4, gemm_src=_MAMF,
              mem_eff=3.0 / 3.35, mem_src="measured: device-to-device copy ~3.0 TB/s on H100 SXM",
-             pcie=55 * G),
+             attn_peak_frac=0.35, attn_src=_FA2_H100, pcie=55 * G),
         # H200 SXM: H100 compute with 141 GB HBM3e at 4.8 TB/s.
         _gpu("h200", fp32=67 * T, tf32=494.7 * T, bf16=989.4 * T, fp8=1978.9 * T, mem_gib=141,
              bw=4800 * G, nvlink=450 * G, nic=50 * G, gemm_eff=794.5 / 989.4,
-             gemm_src=_MAMF + " (H100/H200 row)", pcie=55 * G),
+             gemm_src=_MAMF + " (H100/H200 row)", attn_peak_frac=0.35, attn_src=_FA2_H100,
+             pcie=55 * G),
         # B200 (HGX): 2.25 PFLOP/s bf16 dense; 180 GB usable HBM3e at 8 TB/s; NVLink5
         # 1.8 TB/s (900 each way); 400 Gb/s per GPU.
         _gpu("b200", fp32=75 * T, tf32=1100 * T, bf16=2250 * T, fp8=4500 * T, mem_gib=180,

@@ -1,0 +1,145 @@
+"""ptd estimate: memory, step time, throughput and MFU of one plan, predicted in pure Python.
+
+Knobs left out are chosen, not defaulted: without --micro-batch, --zero, --recompute,
+--vpp, --schedule or --sp/--no-sp, the cost model picks the fastest value that fits in
+memory and says what it picked. --dp defaults to gpus / (tp * pp).
+
+Examples:
+  ptd estimate --model llama3-8b --hardware h100-sxm --gpus 8
+  ptd estimate --model llama3-70b --hardware h100-sxm --gpus 512 --tp 8 --pp 4 --json
+  ptd estimate --model gpt2 --hardware cpu --gpus 4 --seq-len 256 --global-batch 32 --dtype fp32
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..cli import emit_json, nonneg_int, positive_float, positive_int
+from ..errors import PtdError
+from ..fmt import duration, gib, pct, si, table
+
+HELP = "predict memory, step time, throughput and MFU of a plan (instant, no torch)"
+
+
+def add_plan_flags(p: argparse.ArgumentParser, *, world_flag: str = "--gpus") -> None:
+    """Model/hardware/plan flags shared by ``estimate`` and ``plan``."""
+    p.add_argument("--model", default="llama3-8b",
+                   help="preset, ptd .toml or Hugging Face config.json (default llama3-8b)")
+    p.add_argument("--hardware", default="h100-sxm",
+                   help="preset, calibrated profile name, or .toml (default h100-sxm)")
+    p.add_argument(world_flag, dest="gpus", type=positive_int, default=8, help="devices in all (8)")
+    p.add_argument("--gpus-per-node", type=positive_int, help="devices per node (hardware's own)")
+    p.add_argument("--global-batch", type=positive_int,
+                   help="sequences per step (default: ~4M tokens, a multiple of dp)")
+    p.add_argument("--seq-len", type=positive_int, help="tokens per sequence (model's, at most 8192)")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    p.add_argument("--tokens", type=positive_float,
+                   help="tokens to train, for time to train (default 20 per parameter)")
+    p.add_argument("--attention", choices=["flash", "scores"], default="flash",
+                   help="fused attention (PyTorch SDPA, default) or one that stores s*s scores")
+    p.add_argument("--convention", choices=["ptd", "zero"], default="ptd",
+                   help="model-state bytes: ptd runtime (4+4+8) or ZeRO paper (2+2+12)")
+    p.add_argument("--no-dp-overlap", action="store_true",
+                   help="gradient reduction runs after backward instead of overlapping it")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def add(p: argparse.ArgumentParser) -> None:
+    add_plan_flags(p)
+    p.add_argument("--dp", type=positive_int, help="data parallel (default gpus/(tp*pp))")
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor parallel (1)")
+    p.add_argument("--pp", type=positive_int, default=1, help="pipeline parallel (1)")
+    p.add_argument("--vpp", type=positive_int, help="virtual stages per pipeline rank (chosen)")
+    p.add_argument("--zero", type=nonneg_int, choices=[0, 1, 2, 3], help="ZeRO stage (chosen)")
+    p.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
+                   help="sequence parallel (chosen when tp > 1)")
+    p.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch (chosen)")
+    p.add_argument("--recompute", choices=["none", "selective", "full"], help="(chosen)")
+    p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"],
+                   help="pipeline schedule (chosen when pp > 1)")
+    p.add_argument("--offload", action="store_true", help="optimizer/params in host memory (zero>=2)")
+
+
+def resolve(a: argparse.Namespace):
+    """(model, cluster, options, tokens) from the shared flags."""
+    from ..cost.estimate import CostOptions
+    from ..specs import ClusterSpec, load_hardware, load_model
+
+    model = load_model(a.model)
+    hw = load_hardware(a.hardware)
+    cluster = ClusterSpec(hw, a.gpus, a.gpus_per_node or 0)
+    opts = CostOptions(convention=a.convention, attention=a.attention,
+                       dp_overlap=not a.no_dp_overlap)
+    return model, cluster, opts
+
+
+def default_seq_len(model) -> int:
+    return min(model.max_seq_len, 8192)
+
+
+def run(a: argparse.Namespace) -> int:
+    from ..cost.estimate import choose, default_global_batch, estimate
+    from ..specs import ParallelPlan
+
+    model, cluster, opts = resolve(a)
+    tp, pp = a.tp, a.pp
+    if a.dp is None:
+        if a.gpus % (tp * pp):
+            raise PtdError(f"{a.gpus} devices are not divisible by tp*pp = {tp}*{pp}")
+        dp = a.gpus // (tp * pp)
+    else:
+        dp = a.dp
+    seq = a.seq_len or default_seq_len(model)
+    gb = a.global_batch or default_global_batch(seq, dp)
+    free = []
+    fixed = dict(dp=dp, tp=tp, pp=pp, global_batch=gb, seq_len=seq, dtype=a.dtype, offload=a.offload)
+    for knob, val, default in [("micro_batch", a.micro_batch, 1), ("zero", a.zero, 0),
+                               ("recompute", a.recompute, "none"), ("vpp", a.vpp, 1),
+                               ("schedule", a.schedule, "1f1b"), ("sp", a.sp, False)]:
+        if val is None:
+            free.append(knob)
+            fixed[knob] = default
+        else:
+            fixed[knob] = val
+    if fixed["vpp"] > 1 and a.schedule is None:
+        fixed["schedule"] = "interleaved-1f1b"
+    base = ParallelPlan(**fixed)
+    base.validate(None, cluster.n_devices)
+    if free:
+        e = choose(model, cluster, base, free, a.tokens, opts)
+    else:
+        e = estimate(model, cluster, base, a.tokens, opts)
+    if a.json:
+        emit_json(e.to_json())
+    else:
+        print(render(e))
+    return 0
+
+
+def render(e) -> str:
+    """The human report of one :class:`~ptd.cost.estimate.Estimate`."""
+    m, c, p = e.model, e.cluster, e.plan
+    lines = [f"{m.name} ({si(m.param_count())} params) on {c.n_devices} x {c.hardware.name} "
+             f"({c.n_nodes} node{'s' if c.n_nodes > 1 else ''} of {c.devices_per_node})",
+             f"plan: {p.describe()}  seq {p.seq_len}  {p.dtype}  "
+             f"({p.n_microbatches} micro-batch{'es' if p.n_microbatches > 1 else ''}/step)"]
+    if e.chosen:
+        lines.append("chosen: " + ", ".join(f"{k}={v}" for k, v in e.chosen.items()))
+    mem = e.memory
+    rows = [(k, gib(getattr(mem, k)), pct(getattr(mem, k) / mem.total if mem.total else 0))
+            for k in ("params", "grads", "optimizer", "activations", "buffers")]
+    rows.append(("total", gib(mem.total),
+                 f"{'fits' if mem.fits else 'DOES NOT FIT'} in {gib(c.hardware.memory_bytes)}"))
+    lines += ["", "memory per device", table(rows, header=("part", "bytes", "share"), align="lrr")]
+    st = e.step
+    rows = [(k, duration(getattr(st, k)), pct(getattr(st, k) / st.total))
+            for k in ("compute", "tp_comm", "pp_comm", "dp_comm_exposed", "bubble", "optimizer")]
+    rows.append(("total", duration(st.total), ""))
+    lines += ["", "step time", table(rows, header=("part", "time", "share"), align="lrr")]
+    n = c.n_devices
+    rows = [("tokens/s", si(e.tokens_per_s)), ("tokens/s per device", si(e.tokens_per_s / n)),
+            ("model TFLOP/s per device", f"{e.flops.model * e.tokens_per_s / n / 1e12:.1f}"),
+            ("MFU", pct(e.mfu)), ("HFU", pct(e.hfu)),
+            (f"time to train {si(e.tokens)} tokens", duration(e.time_to_train_s))]
+    lines += ["", "throughput", table(rows, align="lr")]
+    return "\n".join(lines)

@@ -1,0 +1,173 @@
+"""Compute time of one micro-batch through one block, the output layer and the optimizer.
+
+Three costs, each physical and each from a hardware field:
+
+* **matrix products**, each priced by the roofline (Williams, Waterman and Patterson 2009):
+  ``max(2mnk / R, a_b (mk + kn + mn) / BW)``, ``R`` the achievable matmul rate of the device
+  while its node's other workers run, ``BW`` the achievable memory bandwidth. Backward runs
+  two products per forward product (input and weight gradients). Causal attention kernels
+  skip the masked half of the ``s x s`` work, so its *time* uses half the FLOPs that the
+  FLOP convention (:mod:`ptd.cost.flops`) counts; the fused (flash) backward recomputes
+  the scores, 2.5 products per forward product (Dao et al. 2022), and the fused kernel runs
+  at ``hardware.attention_efficiency`` of the GEMM rate (FlashAttention-2/3 papers).
+* **memory-bound operators** (norms, rotary embedding, activations, residual adds, layout
+  copies): bytes read and written over ``BW``; backward moves about twice the forward's.
+* **per-operator overhead**: launch and dispatch cost per operator, ``hardware.op_overhead``
+  (0 on GPUs, where asynchronous launches hide behind large kernels; measured on CPUs, where
+  it is real time). Operator counts are those of ptd's runtime block, checked by a test.
+
+Attention comes in two kinds, as in :mod:`ptd.cost.memory`: ``flash`` (PyTorch's fused
+SDPA, what ptd's runtime uses: causal tiles skipped, no ``s x s`` tensor in memory) and
+``scores`` (the unfused path of older frameworks such as Megatron-LM in 2021: the full
+``s x s`` products are computed, and the scores are written, read by the softmax, and by
+dropout when enabled -- memory traffic of ``a s^2 b`` elements per pass).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..specs.hardware import DTYPE_BYTES, HardwareSpec
+from ..specs.model import ModelSpec
+
+# Operators one block of ptd's runtime model dispatches, forward and backward (counted with
+# a TorchDispatchMode by tests/test_cost_vs_runtime.py; views and metadata-only ops included,
+# since on a CPU their dispatch is what they cost).
+OPS_FWD = {"swiglu": 34, "gelu": 32}
+OPS_BWD = {"swiglu": 60, "gelu": 56}
+OPS_OUTPUT_FWD, OPS_OUTPUT_BWD = 8, 14
+OPS_OPTIMIZER_PER_TENSOR = 10
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """``count`` products of ``(m x k) @ (k x n)``."""
+
+    m: float
+    n: float
+    k: float
+    count: float = 1.0
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.count
+
+
+def gemm_time(g: Gemm, rate: float, bw: float, act_bytes: int) -> float:
+    """Roofline time of ``g``."""
+    mem = act_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count
+    return max(g.flops / rate, mem / bw)
+
+
+def block_gemms(model: ModelSpec, tokens: int, seq_len: int, micro_batch: int, tp: int
+                ) -> tuple[list[Gemm], list[Gemm]]:
+    """(linear-layer products, attention products) of one block's forward, per tp rank."""
+    h, q, kv, f, t = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden, tp
+    lin = [Gemm(tokens, q / t, h), Gemm(tokens, kv / t, h, 2), Gemm(tokens, h, q / t)]
+    per_expert = [Gemm(tokens, f / t, h, 2 if model.mlp == "swiglu" else 1), Gemm(tokens, h, f / t)]
+    if model.is_moe:
+        share = model.top_k / model.n_experts  # balanced routing
+        lin.append(Gemm(tokens, model.n_experts, h))
+        lin += [Gemm(g.m * share, g.n, g.k, g.count * model.n_experts) for g in per_expert]
+    else:
+        lin += per_expert
+    heads = micro_batch * model.n_heads / t
+    d = model.head_dim
+    attn = [Gemm(seq_len, seq_len, d, heads), Gemm(seq_len, d, seq_len, heads)]
+    return lin, attn
+
+
+def elementwise_bytes_fwd(model: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: int) -> float:
+    """Bytes memory-bound operators of one block's forward read and write.
+
+    Per token: two norms (read + write ``h``), two residual adds (read 2, write 1), rotary
+    embedding on Q and K (about three passes), head transposes to and from the attention
+    kernel, the activation function (SiLU and the gate product: 5 passes over ``F``; GELU:
+    2), dropout (read, write, 1-byte mask) when enabled.
+    """
+    h, q, kv, f, t = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden, tp
+    if model.is_moe:
+        f *= model.top_k
+    rep = t if sp else 1
+    e = (4 * h + 6 * h) / rep
+    if model.position == "rope":
+        e += 6 * (q + kv) / t
+    e += (2 * (q + 2 * kv) + 2 * q) / t
+    e += (5 if model.mlp == "swiglu" else 2) * f / t
+    total = e * tokens * act_bytes
+    if model.dropout > 0:
+        total += 2 * tokens * h / rep * (2 * act_bytes + 1)
+    return total
+
+
+@dataclass(frozen=True)
+class BlockTime:
+    """Seconds for one micro-batch through one block on one rank."""
+
+    forward: float
+    backward: float
+    attention_forward: float
+    """The attention core's share of ``forward`` (what selective recompute repeats)."""
+
+    def recompute(self, kind: str) -> float:
+        return {"full": self.forward, "selective": self.attention_forward}.get(kind, 0.0)
+
+
+def scores_bytes_fwd(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, act_bytes: int) -> float:
+    """Unfused attention's forward traffic over the ``s x s`` scores (beyond the products'
+    own reads and writes): the softmax reads and writes them (scale and mask fused into it,
+    as Megatron's kernel does); dropout reads, writes and stores a 1-byte mask."""
+    n = micro_batch * model.n_heads / tp * seq_len * seq_len
+    per = 2 * act_bytes + ((2 * act_bytes + 1) if model.dropout > 0 else 0)
+    return n * per
+
+
+def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: int, tp: int,
+               sp: bool, dtype: str, rate: float, attention: str = "flash") -> BlockTime:
+    ab = DTYPE_BYTES[dtype]
+    bw = hw.effective_memory_bandwidth
+    tokens = seq_len * micro_batch
+    lin, attn = block_gemms(model, tokens, seq_len, micro_batch, tp)
+    t_lin = sum(gemm_time(g, rate, bw, ab) for g in lin)
+    ew = elementwise_bytes_fwd(model, tokens, tp, sp, ab) / bw
+    if attention == "flash":
+        # fused: the s x s scores never reach memory; it reads Q, K, V and writes O
+        flops = 0.5 * sum(g.flops for g in attn)  # causal tiles skipped
+        io = ab * tokens * (2 * model.q_dim + 2 * model.kv_dim) / tp
+        t_attn = max(flops / (rate * hw.attention_efficiency), io / bw)
+        t_attn_bwd = max(2.5 * flops / (rate * hw.attention_efficiency), 2 * io / bw)
+    else:
+        t_attn = (sum(gemm_time(g, rate, bw, ab) for g in attn)
+                  + scores_bytes_fwd(model, seq_len, micro_batch, tp, ab) / bw)
+        t_attn_bwd = 2 * t_attn
+    ops = OPS_FWD[model.mlp], OPS_BWD[model.mlp]
+    fwd = t_lin + t_attn + ew + ops[0] * hw.op_overhead
+    bwd = 2 * t_lin + t_attn_bwd + 2 * ew + ops[1] * hw.op_overhead
+    return BlockTime(forward=fwd, backward=bwd, attention_forward=t_attn)
+
+
+def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype: str,
+                rate: float) -> tuple[float, float]:
+    """(forward, backward) seconds of final norm, output layer and loss on the last stage.
+    The loss works in fp32 over the local vocabulary shard (log-softmax, gather, its
+    gradient: about five fp32 passes over ``s b V / t``)."""
+    ab = DTYPE_BYTES[dtype]
+    bw = hw.effective_memory_bandwidth
+    g = Gemm(tokens, model.vocab_size / tp, model.hidden)
+    loss_bytes = 5 * 4 * tokens * model.vocab_size / tp
+    norm_bytes = 2 * ab * tokens * model.hidden
+    fwd = gemm_time(g, rate, bw, ab) + (0.5 * loss_bytes + norm_bytes) / bw + OPS_OUTPUT_FWD * hw.op_overhead
+    bwd = 2 * gemm_time(g, rate, bw, ab) + (0.5 * loss_bytes + 2 * norm_bytes) / bw + OPS_OUTPUT_BWD * hw.op_overhead
+    return fwd, bwd
+
+
+def optimizer_time(local_params: float, n_tensors: int, hw: HardwareSpec, offload: bool = False) -> float:
+    """AdamW over the rank's own parameters: memory-bound, reading parameter, gradient and
+    both moments and writing parameter and moments (28 bytes per fp32 parameter), plus the
+    gradient-norm pass (4 bytes). With offload, gradients go to the host and parameters come
+    back over the host link, and the update runs on host memory at the same byte count."""
+    nbytes = 32.0 * local_params
+    t = nbytes / hw.effective_memory_bandwidth + n_tensors * OPS_OPTIMIZER_PER_TENSOR * hw.op_overhead
+    if offload:
+        t += 8.0 * local_params / hw.host_bandwidth
+    return t

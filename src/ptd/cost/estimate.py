@@ -1,0 +1,195 @@
+"""One estimate: a model on a cluster under a plan -> memory, step time, throughput, MFU.
+
+:func:`estimate` prices a complete plan. :func:`choose` fills in the knobs a user left out
+(micro-batch, ZeRO stage, recomputation, virtual stages, schedule, sequence parallelism) with
+the combination the cost model predicts fastest among those that fit in memory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from ..errors import PtdError
+from ..specs.hardware import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.plan import ParallelPlan
+from . import metrics
+from .flops import FlopsPerToken, flops_per_token
+from .memory import AttentionKind, Convention, MemoryBreakdown, memory
+from .step import StepBreakdown, step_time
+
+
+@dataclass(frozen=True)
+class CostOptions:
+    """Modelling choices that follow the runtime, not the user's plan."""
+
+    convention: Convention = "ptd"
+    """Model-state bytes: ``ptd`` (fp32 params and grads, 8-byte Adam) or ``zero`` (2+2+12)."""
+    attention: AttentionKind = "flash"
+    """``flash``: fused attention keeps no s x s scores (PyTorch SDPA); ``scores``: it does."""
+    gqa_expanded: bool = False
+    """K and V are expanded to the query heads before attention (stored at query width)."""
+    dp_overlap: bool = True
+    """Data-parallel gradient reduction overlaps backward (PyTorch DDP and FSDP do; Megatron-LM
+    added it only in 2023, ``--overlap-grad-reduce``, NVIDIA/Megatron-LM#391)."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    model: ModelSpec
+    cluster: ClusterSpec
+    plan: ParallelPlan
+    flops: FlopsPerToken
+    memory: MemoryBreakdown
+    step: StepBreakdown
+    tokens: float
+    """Tokens the time-to-train is for."""
+    chosen: dict[str, Any] = field(default_factory=dict)
+    """Knobs :func:`choose` picked, with their values."""
+
+    @property
+    def n_devices(self) -> int:
+        return self.plan.world_size
+
+    @property
+    def tokens_per_s(self) -> float:
+        return metrics.throughput(self.plan.tokens_per_step, self.step.total)
+
+    @property
+    def samples_per_s(self) -> float:
+        return metrics.throughput(self.plan.global_batch, self.step.total)
+
+    @property
+    def peak(self) -> float:
+        return self.cluster.hardware.peak(self.plan.dtype)
+
+    @property
+    def mfu(self) -> float:
+        return metrics.mfu(self.flops.model, self.tokens_per_s, self.peak, self.n_devices)
+
+    @property
+    def hfu(self) -> float:
+        return metrics.hfu(self.flops.hardware, self.tokens_per_s, self.peak, self.n_devices)
+
+    @property
+    def time_to_train_s(self) -> float:
+        return self.tokens / self.tokens_per_s
+
+    @property
+    def efficiency(self) -> float:
+        """Compute share of the step (T_compute / T_total)."""
+        return metrics.efficiency(self.step.compute, self.step.total)
+
+    def to_json(self) -> dict[str, Any]:
+        n = self.n_devices
+        return {
+            "model": self.model.name,
+            "hardware": self.cluster.hardware.name,
+            "gpus": n,
+            "plan": self.plan.to_dict(),
+            "chosen": self.chosen,
+            "params": self.model.param_count(),
+            "flops_per_token": {"model": self.flops.model, "hardware": self.flops.hardware},
+            "memory_per_device_bytes": {k: v for k, v in self.memory.to_dict().items()},
+            "memory_capacity_bytes": self.cluster.hardware.memory_bytes,
+            "fits": self.memory.fits,
+            "step_time_s": self.step.to_dict(),
+            "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_per_device": self.tokens_per_s / n,
+            "samples_per_s": self.samples_per_s,
+            "tflops_per_device": {
+                "model": self.flops.model * self.tokens_per_s / n / 1e12,
+                "hardware": self.flops.hardware * self.tokens_per_s / n / 1e12,
+            },
+            "peak_tflops_per_device": self.peak / 1e12,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "efficiency": self.efficiency,
+            "tokens": self.tokens,
+            "time_to_train_s": self.time_to_train_s,
+        }
+
+
+def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+             tokens: float | None = None, options: CostOptions = CostOptions(),
+             validate: bool = True) -> Estimate:
+    """Price ``plan``. ``tokens`` (for the time to train) defaults to 20 per parameter, the
+    compute-optimal budget of Hoffmann et al. 2022 (Chinchilla)."""
+    if validate:
+        plan.validate(model, cluster.n_devices)
+    fl = flops_per_token(model, plan.seq_len, plan.recompute)
+    mem = memory(model, plan, cluster.hardware.memory_bytes, options.convention,
+                 options.attention, options.gqa_expanded)
+    st = step_time(model, plan, cluster, options.attention, options.dp_overlap)
+    d = float(tokens) if tokens else 20.0 * model.param_count()
+    return Estimate(model, cluster, plan, fl, mem, st, d)
+
+
+# ------------------------------------------------------------------- choosing
+FREE_KNOBS = ("micro_batch", "zero", "recompute", "vpp", "schedule", "sp")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(model: ModelSpec, base: ParallelPlan, free: Iterable[str]) -> Iterable[ParallelPlan]:
+    """Every valid plan that differs from ``base`` only in the ``free`` knobs."""
+    free = set(free)
+    per_replica = base.global_batch // base.dp if base.global_batch % base.dp == 0 else 0
+    mbs = _divisors(per_replica) if "micro_batch" in free and per_replica else [base.micro_batch]
+    zeros = [0, 1, 2, 3] if "zero" in free else [base.zero]
+    rcs = ["none", "selective", "full"] if "recompute" in free else [base.recompute]
+    sps = [False, True] if ("sp" in free and base.tp > 1) else [base.sp]
+    if base.pp > 1:
+        per_rank = model.n_layers // base.pp if model.n_layers % base.pp == 0 else 0
+        vpps = ([d for d in _divisors(per_rank)] if "vpp" in free and per_rank else [base.vpp])
+        scheds = (["1f1b", "interleaved-1f1b", "zero-bubble", "gpipe"] if "schedule" in free
+                  else [base.schedule])
+    else:
+        vpps, scheds = [1], [base.schedule]
+    for mb, z, rc, sp, vpp, sch in itertools.product(mbs, zeros, rcs, sps, vpps, scheds):
+        if base.pp > 1:
+            # keep only the schedule that uses this vpp (interleaved for vpp>1, ZB-V for 2)
+            if vpp > 1 and sch in ("1f1b", "gpipe"):
+                continue
+            if vpp == 1 and sch == "interleaved-1f1b":
+                continue
+        p = base.replace(micro_batch=mb, zero=z, recompute=rc, sp=sp, vpp=vpp, schedule=sch)
+        try:
+            p.validate(model)
+        except PtdError:
+            continue
+        yield p
+
+
+def choose(model: ModelSpec, cluster: ClusterSpec, base: ParallelPlan, free: Iterable[str],
+           tokens: float | None = None, options: CostOptions = CostOptions()) -> Estimate:
+    """The fastest plan that fits among :func:`candidates`; if none fits, the one needing
+    the least memory (its ``fits`` is False)."""
+    free = [k for k in FREE_KNOBS if k in set(free)]
+    best: Estimate | None = None
+    smallest: Estimate | None = None
+    for p in candidates(model, base, free):
+        e = estimate(model, cluster, p, tokens, options, validate=False)
+        if e.memory.fits:
+            if best is None or (e.step.total, e.memory.total) < (best.step.total, best.memory.total):
+                best = e
+        elif smallest is None or e.memory.total < smallest.memory.total:
+            smallest = e
+    pick = best or smallest
+    if pick is None:
+        base.validate(model, cluster.n_devices)  # raises the reason
+        raise PtdError("no valid plan with these settings")
+    chosen = {k: getattr(pick.plan, k) for k in free}
+    return Estimate(pick.model, pick.cluster, pick.plan, pick.flops, pick.memory, pick.step,
+                    pick.tokens, chosen)
+
+
+def default_global_batch(seq_len: int, dp: int, tokens: int = 2**22) -> int:
+    """About 4M tokens per step (Llama 2's batch), rounded up to a multiple of dp."""
+    seqs = max(1, round(tokens / seq_len))
+    return max(dp, math.ceil(seqs / dp) * dp)

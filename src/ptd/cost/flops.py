@@ -1,0 +1,97 @@
+"""FLOPs per token: the one convention ptd uses everywhere (cost model, MFU, HFU, tests).
+
+**Convention (PaLM, Chowdhery et al. 2022, arXiv 2204.02311, Appendix B).** A
+multiply-add is 2 FLOPs, and only matrix multiplications count::
+
+    model FLOPs / token = 6 N + 12 L s (H d)
+
+* ``N`` = :meth:`ModelSpec.matmul_params`: every weight a token is multiplied by -- the
+  Q/K/V/output projections and MLP matrices of every block (for mixture-of-experts only the
+  ``top_k`` experts a token visits, plus the router) **and the output layer** (``V h``,
+  whether or not it is tied to the embedding). The embedding lookup is a gather and costs
+  nothing; norms, biases, activations and softmax are not counted. Forward is ``2N``,
+  backward twice that (input and weight gradients), hence ``6N``.
+* ``12 L s (H d)``: attention's two ``s x s`` products (Q K^T and scores x V), ``4 s H d``
+  per token per layer forward, times 3 for forward + backward. **Causal attention is counted
+  in full** (the whole ``s x s`` matrix), as PaLM does, although a causal kernel skips
+  about half of it; ``H d`` is the query width, so grouped-query attention does not change
+  this term.
+
+**Hardware FLOPs** add what recomputation executes again: full recompute repeats each
+block's forward (``2 N_blocks + 4 L s H d`` per token), selective recompute repeats only the
+attention core (``4 L s H d``). MFU divides model FLOPs, HFU hardware FLOPs, by peak.
+
+For GPT-shaped models (``F = 4h``, multi-head attention, learned positions) this is exactly
+the count of Narayanan et al. 2021 (arXiv 2104.04473, eq. 3) -- see
+:func:`megatron_flops_per_iteration` -- because both count the same matrix products.
+``torch.utils.flop_counter.FlopCounterMode`` counts the same operations, which a test checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..specs.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class FlopsPerToken:
+    """FLOPs per trained token (forward + backward, and recompute for ``hardware``)."""
+
+    model: float
+    """Model FLOPs: what the architecture needs, whatever the implementation (MFU)."""
+    hardware: float
+    """FLOPs executed, recomputation included (HFU)."""
+    forward: float
+    """Forward pass alone (model FLOPs / 3)."""
+    recompute: float
+    """Extra forward work repeated by activation checkpointing."""
+
+
+def attention_flops_per_token_layer(model: ModelSpec, seq_len: int) -> float:
+    """Forward FLOPs of Q K^T and scores x V for one token in one layer: ``4 s H d``."""
+    return 4.0 * seq_len * model.q_dim
+
+
+def forward_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """``2 N + 4 L s H d``."""
+    return (2.0 * model.matmul_params(active=True)
+            + model.n_layers * attention_flops_per_token_layer(model, seq_len))
+
+
+def recompute_flops_per_token(model: ModelSpec, seq_len: int, recompute: str) -> float:
+    """Forward work repeated in backward by activation checkpointing."""
+    attn = model.n_layers * attention_flops_per_token_layer(model, seq_len)
+    if recompute == "full":
+        return 2.0 * model.n_layers * model.matmul_params_per_layer(active=True) + attn
+    if recompute == "selective":
+        return attn
+    return 0.0
+
+
+def flops_per_token(model: ModelSpec, seq_len: int, recompute: str = "none") -> FlopsPerToken:
+    """Model and hardware FLOPs per token (see the module docstring for the convention)."""
+    fwd = forward_flops_per_token(model, seq_len)
+    rc = recompute_flops_per_token(model, seq_len, recompute)
+    return FlopsPerToken(model=3.0 * fwd, hardware=3.0 * fwd + rc, forward=fwd, recompute=rc)
+
+
+def megatron_flops_per_iteration(model: ModelSpec, batch: int, seq_len: int,
+                                 recompute: bool = True) -> float:
+    """Narayanan et al. 2021 (arXiv 2104.04473) eq. 3, FLOPs of one iteration of a GPT model::
+
+        96 B s l h^2 (1 + s / 6h + V / 16 l h)      (with full recompute)
+        72 B s l h^2 (1 + s / 6h + V / 12 l h)      (without)
+
+    It assumes ``F = 4h`` and multi-head attention; it is here to compare conventions, and the
+    tests check that :func:`flops_per_token` agrees with it on GPT shapes.
+    """
+    b, s, l, h, v = batch, seq_len, model.n_layers, model.hidden, model.vocab_size
+    if recompute:
+        return 96.0 * b * s * l * h * h * (1 + s / (6.0 * h) + v / (16.0 * l * h))
+    return 72.0 * b * s * l * h * h * (1 + s / (6.0 * h) + v / (12.0 * l * h))
+
+
+def simple_6n_flops_per_token(model: ModelSpec) -> float:
+    """The rougher ``6 N`` rule (Kaplan et al. 2020) with N all parameters, for comparison."""
+    return 6.0 * model.param_count()

@@ -1,0 +1,311 @@
+"""Memory per device: model states, activations, buffers.
+
+**Model states** (Rajbhandari et al. 2020, ZeRO, arXiv 1910.02054). Two byte conventions:
+
+* ``"ptd"`` (default; what ptd's runtime allocates): parameters and gradients are fp32
+  tensors whatever the compute dtype (bf16 compute copies are transient, counted in
+  buffers), Adam keeps two fp32 moments: 4 + 4 + 8 bytes per parameter.
+* ``"zero"`` (the ZeRO paper's mixed-precision Adam): fp16 parameters and gradients and
+  K = 12 bytes of optimizer state (fp32 master copy, momentum, variance): 2 + 2 + 12. In
+  fp32 training both conventions are 4 + 4 + 8.
+
+Stage 1 shards optimizer states over ``dp``, stage 2 also gradients, stage 3 also
+parameters. Counts are exact per rank (see :mod:`ptd.cost.params`).
+
+**Activations** generalise Korthikanti et al. 2022 (arXiv 2205.05198, section 4): the bytes
+each block keeps for backward, tensor by tensor, with ``a_b`` bytes per activation element,
+1-byte dropout masks, and ``t`` the tp degree::
+
+    norm inputs            2 x a_b s b h           (/t with sequence parallel)
+    QKV input              a_b s b h               (/t with sequence parallel)
+    Q, K, V                a_b s b (q + 2 kv) / t  (K and V at query width if expanded)
+    softmax output         a_b a s^2 b / t         (only if the s x s scores are stored)
+    attention dropout      (1 + a_b) a s^2 b / t   (mask + output; stored scores, dropout>0)
+    attention-out input    a_b s b q / t
+    MLP input              a_b s b h               (/t with sequence parallel)
+    GELU MLP               2 a_b s b F / t         (GELU input, second matmul input)
+    SwiGLU MLP             4 a_b s b F / t         (gate, SiLU(gate), up, product)
+    dropout masks          2 s b h                 (if dropout; /t with sequence parallel)
+    flash-attention stats  4 a s b / t             (fp32 log-sum-exp, when not storing scores)
+
+For the paper's GPT block (16-bit, dropout, stored scores, F = 4h, LayerNorm) this is
+``s b h (34 + 5 a s / h)`` without parallelism, ``s b h (10 + 24/t + 5 a s / h t)`` with tensor
+parallelism, ``s b h / t (34 + 5 a s / h)`` with sequence parallelism too, and ``34 s b h / t``
+with selective recompute (the s x s terms are recomputed); full recompute keeps only each
+block's input, ``a_b s b h`` (/t with sequence parallelism). The tests check all four.
+
+Micro-batches in flight per pipeline rank follow the schedule (Narayanan et al. 2021,
+Korthikanti et al. 2022): GPipe keeps all ``m``; 1F1B keeps ``p - r`` on rank ``r``;
+interleaved 1F1B keeps ``2(p - r - 1) + (v - 1) p + 1`` chunk-micro-batches; ZB-V keeps ``p``
+micro-batches on every rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from typing import Literal
+
+from ..specs.hardware import DTYPE_BYTES
+from ..specs.model import ModelSpec
+from ..specs.plan import ParallelPlan
+from . import params as P
+
+Convention = Literal["ptd", "zero"]
+AttentionKind = Literal["flash", "scores"]
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes on the most loaded device."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    buffers: float
+    capacity: float = 0.0
+    """Device memory, bytes (0: unknown)."""
+
+    @property
+    def model_states(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity <= 0 or self.total <= self.capacity
+
+    @property
+    def largest(self) -> str:
+        parts = {k: getattr(self, k) for k in ("params", "grads", "optimizer", "activations", "buffers")}
+        return max(parts, key=parts.get)  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, float]:
+        d = asdict(self)
+        d.pop("capacity")
+        d["total"] = self.total
+        return d
+
+
+# --------------------------------------------------------------- model states
+def state_bytes_per_param(dtype: str, convention: Convention = "ptd") -> tuple[int, int, int]:
+    """(parameter, gradient, optimizer) bytes per parameter for Adam."""
+    if convention == "zero" and dtype in ("bf16", "fp16"):
+        return 2, 2, 12
+    return 4, 4, 8
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Elements (not bytes) of parameters, gradients and optimizer-state owners on one rank."""
+
+    params: int
+    grads: int
+    optimizer: int
+
+
+def model_state_elements(model: ModelSpec, plan: ParallelPlan, pp_rank: int,
+                         dp_rank: int) -> ModelStates:
+    """Exact element counts on one rank (``tp`` ranks are alike up to replicated tensors,
+    which every tp rank holds in full)."""
+    plist = P.rank_params(model, plan, pp_rank)
+    local = [p.local_shape(plan.tp) for p in plist]
+    full = sum(_prod(s) for s in local)
+    if plan.zero >= 2:
+        sharded = P.fsdp_numel(local, plan.dp, dp_rank)
+    if plan.zero == 3:
+        return ModelStates(sharded, sharded, sharded)
+    if plan.zero == 2:
+        return ModelStates(full, sharded, sharded)
+    if plan.zero == 1:
+        return ModelStates(full, full, P.zero1_numel(plist, plan.tp, plan.dp)[dp_rank])
+    return ModelStates(full, full, full)
+
+
+def _prod(s: tuple[int, ...]) -> int:
+    n = 1
+    for x in s:
+        n *= x
+    return n
+
+
+@lru_cache(maxsize=8192)
+def _max_state_elements(model: ModelSpec, plan: ParallelPlan) -> ModelStates:
+    """Element counts of the rank with the most model-state bytes."""
+    dps = range(plan.dp) if plan.zero == 1 else [0]  # torch.chunk gives rank 0 the most
+    best, best_key = ModelStates(0, 0, 0), -1.0
+    for r in range(plan.pp):
+        for d in dps:
+            e = model_state_elements(model, plan, r, d)
+            key = e.params + e.grads + 2.0 * e.optimizer
+            if key > best_key:
+                best, best_key = e, key
+    return best
+
+
+def model_state_bytes(model: ModelSpec, plan: ParallelPlan, convention: Convention = "ptd",
+                      pp_rank: int | None = None, dp_rank: int | None = None) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes on the most loaded rank, or on the given one."""
+    pb, gb, ob = state_bytes_per_param(plan.dtype, convention)
+    if pp_rank is None or dp_rank is None:
+        key = plan.replace(micro_batch=1, global_batch=plan.dp, recompute="none", sp=False,
+                           dtype="fp32", offload=False, grad_compression="none")
+        e = _max_state_elements(model, key)
+    else:
+        e = model_state_elements(model, plan, pp_rank, dp_rank)
+    return e.params * pb, e.grads * gb, e.optimizer * ob
+
+
+def zero_paper_model_states(n_params: float, dp: int, stage: int, k: int = 12) -> float:
+    """ZeRO paper Fig. 1 per-device model states for ``n_params`` (Psi) parameters:
+    baseline (2 + 2 + K) Psi; stage 1 4 Psi + K Psi / Nd; stage 2 2 Psi + (2 + K) Psi / Nd;
+    stage 3 (2 + 2 + K) Psi / Nd."""
+    psi = n_params
+    if stage == 0:
+        return (4 + k) * psi
+    if stage == 1:
+        return 4 * psi + k * psi / dp
+    if stage == 2:
+        return 2 * psi + (2 + k) * psi / dp
+    return (4 + k) * psi / dp
+
+
+# ----------------------------------------------------------------- activations
+def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1,
+                               sp: bool = False, recompute: str = "none", act_bytes: int = 2,
+                               attention: AttentionKind = "flash", gqa_expanded: bool = False,
+                               dropout: bool | None = None) -> float:
+    """Bytes one block keeps for its backward, for one micro-batch (see module docstring)."""
+    s, b, h, a, t = seq_len, micro_batch, model.hidden, model.n_heads, tp
+    q = model.q_dim
+    kv = q if gqa_expanded else model.kv_dim
+    f = model.ffn_hidden * (model.top_k if model.is_moe else 1)
+    drop = model.dropout > 0 if dropout is None else dropout
+    sbh = s * b * h
+    seq_div = t if sp else 1  # the replicated (non-tensor-parallel) regions
+    ab = act_bytes
+    if recompute == "full":
+        return ab * sbh / seq_div
+    total = 0.0
+    total += 2 * ab * sbh / seq_div                       # two norm inputs
+    total += 2 * ab * sbh / seq_div                       # QKV input, MLP input
+    total += ab * s * b * (q + 2 * kv) / t                # Q, K, V
+    total += ab * s * b * q / t                           # attention-output input
+    total += (2 if model.mlp == "gelu" else 4) * ab * s * b * f / t
+    if drop:
+        total += 2 * sbh / seq_div                        # residual-dropout masks
+    if attention == "scores":
+        if recompute != "selective":
+            total += ab * a * s * s * b / t               # softmax output
+            if drop:
+                total += (1 + ab) * a * s * s * b / t     # dropout mask + output
+    else:
+        total += 4 * a * s * b / t                        # fp32 log-sum-exp
+    if model.is_moe:
+        total += 4 * s * b * model.n_experts              # router probabilities (fp32)
+    return total
+
+
+def output_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1,
+                            sp: bool = False, act_bytes: int = 2) -> float:
+    """What the final norm, output layer and cross-entropy keep: the norm input and output
+    layer input (``a_b s b h`` each, /t with sp) and the fp32 log-probabilities
+    (``4 s b V / t``) that the loss's backward needs."""
+    sbh = seq_len * micro_batch * model.hidden
+    return 2 * act_bytes * sbh / (tp if sp else 1) + 4 * seq_len * micro_batch * model.vocab_size / tp
+
+
+def output_transient_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1) -> float:
+    """Working memory of the loss at its peak: the logits' gradient is allocated while the
+    log-probabilities are still alive (fp32, ``4 s b V / t``)."""
+    return 4 * seq_len * micro_batch * model.vocab_size / tp
+
+
+def in_flight(plan: ParallelPlan, pp_rank: int) -> float:
+    """Micro-batches whose activations a pipeline rank holds at its peak, in units of "one
+    micro-batch through all of the rank's layers"."""
+    p, m, v = plan.pp, plan.n_microbatches, plan.stages_per_rank
+    if p == 1:
+        return 1.0
+    if plan.schedule == "gpipe":
+        return float(m)
+    if plan.schedule == "1f1b":
+        return float(min(m, p - pp_rank))
+    if plan.schedule == "zero-bubble" and v == 2:
+        return float(min(m, p))
+    # interleaved 1F1B (and interleaved zero-bubble): chunk-micro-batches / chunks per rank
+    chunks = min(m * v, 2 * (p - pp_rank - 1) + (v - 1) * p + 1)
+    return chunks / v
+
+
+def activation_bytes(model: ModelSpec, plan: ParallelPlan, attention: AttentionKind = "flash",
+                     gqa_expanded: bool = False, pp_rank: int | None = None) -> float:
+    """Peak activation bytes on the most loaded pipeline rank (or the given one)."""
+    ab = DTYPE_BYTES[plan.dtype]
+    per_layer = activation_bytes_per_layer(model, plan.seq_len, plan.micro_batch, plan.tp,
+                                           plan.sp, plan.recompute, ab, attention, gqa_expanded)
+    out_keep = output_activation_bytes(model, plan.seq_len, plan.micro_batch, plan.tp, plan.sp, ab)
+    out_work = output_transient_bytes(model, plan.seq_len, plan.micro_batch, plan.tp)
+    emb = ab * plan.seq_len * plan.micro_batch * model.hidden / (plan.tp if plan.sp else 1)
+    last = P.stage_to_rank(plan.n_stages - 1, plan)
+    first = P.stage_to_rank(0, plan)
+    best = 0.0
+    for r in ([pp_rank] if pp_rank is not None else range(plan.pp)):
+        k = in_flight(plan, r)
+        total = k * P.rank_layers(model, plan, r) * per_layer
+        if r == first:
+            total += k * emb if model.dropout > 0 else 0.0
+        if r == last:
+            # the last stage runs each micro-batch's backward right after its forward
+            # (except GPipe, which keeps all of them)
+            n_out = plan.n_microbatches if (plan.pp > 1 and plan.schedule == "gpipe") else 1
+            total += n_out * out_keep + out_work
+        best = max(best, total)
+    return best
+
+
+# --------------------------------------------------------------------- buffers
+def buffer_bytes(model: ModelSpec, plan: ParallelPlan, pp_rank: int = 0) -> float:
+    """Transient and communication buffers on the most loaded rank.
+
+    * bf16/fp16 compute copies of the local parameters (autocast's weight cache under DDP,
+      kept alive by backward): ``2 x`` local parameters;
+    * ZeRO-3: two gathered blocks (the one computing and the one prefetched) in the
+      compute dtype, plus one block's unsharded fp32 gradient before reduce-scatter;
+    * ZeRO-2 (no resharding after forward): every local block stays gathered from its
+      forward to its backward, in the compute dtype;
+    * pipeline: one activation send and one receive buffer per neighbour;
+    * DDP buckets are views of the gradients (``gradient_as_bucket_view``): no extra copy.
+    """
+    ab = DTYPE_BYTES[plan.dtype]
+    local = P.max_local_numel(model, plan)
+    block = P.block_numel(model, plan.tp)
+    total = 0.0
+    if plan.zero == 3:
+        total += 2 * block * ab + block * 4
+    elif plan.zero == 2:
+        total += local * ab + block * 4
+    elif ab < 4:
+        total += local * ab
+    if plan.pp > 1:
+        act = ab * plan.seq_len * plan.micro_batch * model.hidden / (plan.tp if plan.sp else 1)
+        total += 4 * act
+    return total
+
+
+def memory(model: ModelSpec, plan: ParallelPlan, capacity: float = 0.0,
+           convention: Convention = "ptd", attention: AttentionKind = "flash",
+           gqa_expanded: bool = False) -> MemoryBreakdown:
+    """Memory on the most loaded device."""
+    p, g, o = model_state_bytes(model, plan, convention)
+    if plan.offload:
+        # FSDP CPU offload keeps sharded parameters, gradients and optimizer states in host
+        # memory; the device holds only what is gathered for compute (buffers).
+        p = g = o = 0.0
+    act = activation_bytes(model, plan, attention, gqa_expanded)
+    return MemoryBreakdown(params=p, grads=g, optimizer=o, activations=act,
+                           buffers=buffer_bytes(model, plan), capacity=capacity)

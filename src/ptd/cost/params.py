@@ -1,0 +1,261 @@
+"""Which parameters live on which rank: shapes, tensor-parallel splits, pipeline stages.
+
+The runtime model allocates exactly these tensors (a test compares them), so the model-state
+memory predicted from here is the memory measured, byte for byte:
+
+* tensor parallel (Megatron 1-D): Q/K/V and MLP up/gate matrices are split along their
+  output dimension (column parallel), the attention output and MLP down matrices along
+  their input dimension (row parallel), the embedding and the output layer along the
+  vocabulary; norms, position tables and row-parallel biases are replicated;
+* pipeline parallel: :func:`stage_split` assigns contiguous blocks of layers to ``pp * v``
+  stages, balancing forward+backward FLOPs with the output layer counted; the first stage
+  holds the embeddings, the last the final norm and output layer (a tied output layer is a
+  second copy on the last stage when they differ, as Megatron does);
+* ZeRO-3 / FSDP2 shards each tensor's dim 0 into ``dp`` chunks (``torch.chunk`` sizes), and
+  ZeRO-1 (``ZeroRedundancyOptimizer``) hands whole tensors to ranks greedily, largest first,
+  per parameter group (weight-decay group first).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..specs.model import ModelSpec
+from ..specs.plan import ParallelPlan
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter tensor of the model as a whole (before any sharding)."""
+
+    name: str
+    shape: tuple[int, ...]
+    tp_dim: int | None
+    """Dimension split over the tp group (None: replicated on every tp rank)."""
+    decay: bool
+    """In the weight-decay parameter group (matrices of the blocks and output layer)."""
+
+    def local_shape(self, tp: int) -> tuple[int, ...]:
+        if self.tp_dim is None or tp == 1:
+            return self.shape
+        s = list(self.shape)
+        s[self.tp_dim] //= tp
+        return tuple(s)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+@lru_cache(maxsize=256)
+def layer_params(model: ModelSpec) -> tuple[Param, ...]:
+    """The tensors of one transformer block, in the runtime's registration order."""
+    h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
+    ln = model.norm == "layernorm"
+    out: list[Param] = [Param("attention_norm.weight", (h,), None, False)]
+    if ln:
+        out.append(Param("attention_norm.bias", (h,), None, False))
+    out += [Param("attention.wq.weight", (q, h), 0, True),
+            Param("attention.wk.weight", (kv, h), 0, True),
+            Param("attention.wv.weight", (kv, h), 0, True),
+            Param("attention.wo.weight", (h, q), 1, True)]
+    if model.bias:
+        out += [Param("attention.wq.bias", (q,), 0, False),
+                Param("attention.wk.bias", (kv,), 0, False),
+                Param("attention.wv.bias", (kv,), 0, False),
+                Param("attention.wo.bias", (h,), None, False)]
+    out.append(Param("mlp_norm.weight", (h,), None, False))
+    if ln:
+        out.append(Param("mlp_norm.bias", (h,), None, False))
+    experts = [""] if not model.is_moe else [f"experts.{e}." for e in range(model.n_experts)]
+    if model.is_moe:
+        out.append(Param("mlp.router.weight", (model.n_experts, h), None, True))
+    for e in experts:
+        if model.mlp == "swiglu":
+            out += [Param(f"mlp.{e}w1.weight", (f, h), 0, True),
+                    Param(f"mlp.{e}w3.weight", (f, h), 0, True),
+                    Param(f"mlp.{e}w2.weight", (h, f), 1, True)]
+            if model.bias:
+                out += [Param(f"mlp.{e}w1.bias", (f,), 0, False),
+                        Param(f"mlp.{e}w3.bias", (f,), 0, False),
+                        Param(f"mlp.{e}w2.bias", (h,), None, False)]
+        else:
+            out += [Param(f"mlp.{e}w1.weight", (f, h), 0, True),
+                    Param(f"mlp.{e}w2.weight", (h, f), 1, True)]
+            if model.bias:
+                out += [Param(f"mlp.{e}w1.bias", (f,), 0, False),
+                        Param(f"mlp.{e}w2.bias", (h,), None, False)]
+    return tuple(out)
+
+
+@lru_cache(maxsize=256)
+def first_stage_params(model: ModelSpec) -> tuple[Param, ...]:
+    """Embeddings (on the first pipeline stage)."""
+    out = [Param("tok_embeddings.weight", (model.vocab_size, model.hidden), 0, False)]
+    if model.position == "learned":
+        out.append(Param("pos_embeddings.weight", (model.max_seq_len, model.hidden), None, False))
+    return tuple(out)
+
+
+@lru_cache(maxsize=256)
+def last_stage_params(model: ModelSpec, separate_output: bool) -> tuple[Param, ...]:
+    """Final norm and output layer (on the last stage). ``separate_output``: the output
+    matrix is a tensor of its own (untied, or tied but on another stage than the embedding)."""
+    out = [Param("norm.weight", (model.hidden,), None, False)]
+    if model.norm == "layernorm":
+        out.append(Param("norm.bias", (model.hidden,), None, False))
+    if separate_output:
+        out.append(Param("output.weight", (model.vocab_size, model.hidden), 0, True))
+    return tuple(out)
+
+
+# ------------------------------------------------------------------ pipeline
+def stage_to_rank(stage: int, plan: ParallelPlan) -> int:
+    """Pipeline rank that runs virtual ``stage``: round-robin for interleaved schedules, a V
+    (stage ``s`` and ``2p-1-s`` on rank ``s``) for the zero-bubble ZB-V schedule."""
+    p = plan.pp
+    if _is_v(plan):
+        return stage if stage < p else 2 * p - 1 - stage
+    return stage % p
+
+
+def _is_v(plan: ParallelPlan) -> bool:
+    return plan.pp > 1 and plan.schedule == "zero-bubble" and plan.stages_per_rank == 2
+
+
+def _layer_cost(model: ModelSpec, seq_len: int) -> float:
+    """Forward+backward FLOPs per token of one block (the unit of pipeline balance)."""
+    return 6.0 * model.matmul_params_per_layer() + 12.0 * seq_len * model.q_dim
+
+
+def _output_cost(model: ModelSpec) -> float:
+    return 6.0 * model.vocab_size * model.hidden
+
+
+@lru_cache(maxsize=4096)
+def stage_split(model: ModelSpec, n_stages: int, seq_len: int) -> tuple[int, ...]:
+    """Layers per virtual stage, contiguous, minimising the most expensive stage.
+
+    The output layer (``6 V h`` FLOPs/token) weighs on the last stage; the embedding lookup
+    costs no FLOPs. Every stage gets at least one layer. Ties go to the most even split,
+    so with a negligible output layer and ``L`` divisible by the stage count this is the
+    even split.
+    """
+    L = model.n_layers
+    if n_stages == 1:
+        return (L,)
+    if n_stages > L:
+        raise ValueError(f"{n_stages} stages need at least as many layers, have {L}")
+    unit = _layer_cost(model, seq_len)
+    extra = _output_cost(model) / unit  # in layers
+    even = [L // n_stages + (1 if i < L % n_stages else 0) for i in range(n_stages)]
+
+    def cost(split: list[int]) -> tuple[float, float]:
+        loads = [n + (extra if i == n_stages - 1 else 0.0) for i, n in enumerate(split)]
+        return (max(loads), sum((x - L / n_stages) ** 2 for x in split))
+
+    best = even
+    # Move k layers off the last stage, spread over the first ones (k up to ~extra).
+    for k in range(1, min(int(math.ceil(extra)) + 1, even[-1])):
+        s = list(even)
+        s[-1] -= k
+        for j in range(k):
+            s[j % (n_stages - 1)] += 1
+        if cost(s) < cost(best):
+            best = s
+    return tuple(best)
+
+
+def _layout_key(plan: ParallelPlan) -> tuple[int, int, bool, int]:
+    """The fields that decide which layers sit on which pipeline rank."""
+    return (plan.pp, plan.n_stages, _is_v(plan), plan.seq_len)
+
+
+@lru_cache(maxsize=8192)
+def _rank_layers(model: ModelSpec, key: tuple[int, int, bool, int]) -> tuple[int, ...]:
+    pp, n_stages, v_shape, seq_len = key
+    split = stage_split(model, n_stages, seq_len)
+    per_rank = [0] * pp
+    for s, n in enumerate(split):
+        r = (s if s < pp else 2 * pp - 1 - s) if v_shape else s % pp
+        per_rank[r] += n
+    return tuple(per_rank)
+
+
+def rank_layers(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> int:
+    """Transformer blocks held by pipeline rank ``pp_rank``."""
+    return _rank_layers(model, _layout_key(plan))[pp_rank]
+
+
+def _ends(plan: ParallelPlan) -> tuple[int, int]:
+    """Pipeline ranks of the first stage (embeddings) and of the last (output layer)."""
+    return stage_to_rank(0, plan), stage_to_rank(plan.n_stages - 1, plan)
+
+
+def rank_params(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> list[Param]:
+    """Every parameter tensor on pipeline rank ``pp_rank`` (before tp/dp sharding)."""
+    first_rank, last_rank = _ends(plan)
+    out: list[Param] = []
+    if pp_rank == first_rank:
+        out += first_stage_params(model)
+    out += list(layer_params(model)) * rank_layers(model, plan, pp_rank)
+    if pp_rank == last_rank:
+        separate = not model.tied_embeddings or first_rank != last_rank
+        out += last_stage_params(model, separate)
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _numel_of(params: tuple[Param, ...], tp: int) -> int:
+    return sum(_numel(p.local_shape(tp)) for p in params)
+
+
+def block_numel(model: ModelSpec, tp: int) -> int:
+    """Parameters of one block on one tp rank."""
+    return _numel_of(layer_params(model), tp)
+
+
+def local_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> int:
+    """Parameters on one rank after tensor-parallel splitting (before any ZeRO sharding)."""
+    first_rank, last_rank = _ends(plan)
+    n = block_numel(model, plan.tp) * rank_layers(model, plan, pp_rank)
+    if pp_rank == first_rank:
+        n += _numel_of(first_stage_params(model), plan.tp)
+    if pp_rank == last_rank:
+        separate = not model.tied_embeddings or first_rank != last_rank
+        n += _numel_of(last_stage_params(model, separate), plan.tp)
+    return n
+
+
+def max_local_numel(model: ModelSpec, plan: ParallelPlan) -> int:
+    """:func:`local_numel` of the pipeline rank with the most parameters."""
+    return max(local_numel(model, plan, r) for r in range(plan.pp))
+
+
+def fsdp_numel(shapes: list[tuple[int, ...]], dp: int, dp_rank: int) -> int:
+    """Elements ``dp_rank`` holds when each tensor's dim 0 is split like ``torch.chunk``."""
+    total = 0
+    for s in shapes:
+        chunk = -(-s[0] // dp)
+        rows = max(0, min(chunk, s[0] - chunk * dp_rank))
+        total += rows * _numel(s[1:])
+    return total
+
+
+def zero1_numel(params: list[Param], tp: int, dp: int) -> list[int]:
+    """Elements of optimizer state per dp rank under ``ZeroRedundancyOptimizer``: greedy,
+    largest tensor first, to the least-loaded rank, group by group (decay, then no-decay)."""
+    heap = [(0, r) for r in range(dp)]  # (size, rank): ties go to the lowest rank, as in torch
+    for group in (True, False):
+        numels = sorted((_numel(p.local_shape(tp)) for p in params if p.decay == group),
+                        reverse=True)
+        for n in numels:
+            size, r = heapq.heappop(heap)
+            heapq.heappush(heap, (size + n, r))
+    sizes = [0] * dp
+    for size, r in heap:
+        sizes[r] = size
+    return sizes

@@ -1,0 +1,176 @@
+"""Time of one optimizer step, split into the parts people reason about.
+
+With ``m`` micro-batches per replica, ``f`` and ``b`` the forward and backward time of one
+micro-batch on the slowest pipeline rank (compute plus its tensor-parallel collectives,
+recompute included in ``b``), ``p`` pipeline ranks and ``v`` chunks per rank::
+
+    no pipeline:   T = m (f + b)                                + DP exposed + optimizer
+    pipelined:     T = (m + (p - 1) / v) (f + b) + p2p          + DP exposed + optimizer
+
+The pipeline bubble is ``(p - 1)/v (f + b)`` (Narayanan et al. 2021, arXiv 2104.04473,
+section 2.2: fraction ``(p-1)/m`` for GPipe and 1F1B, divided by ``v`` when interleaved).
+Zero-bubble schedules (Qi et al. 2023, arXiv 2401.10241) split backward into input and
+weight gradients and fill the bubble with the latter; ZB-V reaches a bubble of about zero
+when ``m >= 2p``, which is what is assumed here (and ``(p-1)/(2v)`` of a micro-batch below).
+
+Tensor-parallel collectives are on the critical path (PyTorch's DTensor tensor parallelism
+does not overlap them): two all-reduces of the block's activations forward and two
+backward (with sequence parallelism each becomes an all-gather plus a reduce-scatter, the
+same bytes), repeated by full recomputation.
+
+Data-parallel gradient reduction overlaps backward: DDP reduces buckets as gradients become
+ready, FSDP reduce-scatters each block's gradients while the previous block computes, and
+prefetches each block's parameters (ZeRO-3) one block ahead. Exposed is what does not fit
+behind the last micro-batch's backward, and never less than the last bucket or block.
+With ``dp_overlap=False`` (frameworks that reduce after backward) all of it is exposed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..specs.hardware import DTYPE_BYTES, ClusterSpec
+from ..specs.layout import axis_node_split
+from ..specs.model import ModelSpec
+from ..specs.plan import ParallelPlan
+from . import compute as C
+from . import params as P
+from .comm import collective_time
+
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """Seconds per optimizer step; ``total`` is the sum of the parts after it."""
+
+    total: float
+    compute: float
+    """Forward, backward and recompute of every micro-batch (slowest pipeline rank)."""
+    tp_comm: float
+    """Tensor-parallel collectives on the critical path."""
+    pp_comm: float
+    """Pipeline point-to-point transfers on the critical path."""
+    dp_comm_exposed: float
+    """Data-parallel communication not hidden behind compute."""
+    bubble: float
+    """Pipeline fill and drain."""
+    optimizer: float
+    """Optimizer step, gradient-norm pass, ZeRO-1 parameter broadcast."""
+    forward: float = 0.0
+    backward: float = 0.0
+    recompute: float = 0.0
+    dp_comm_total: float = 0.0
+    """All data-parallel communication, hidden or not."""
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    @property
+    def largest(self) -> str:
+        parts = {k: getattr(self, k) for k in ("compute", "tp_comm", "pp_comm", "dp_comm_exposed",
+                                               "bubble", "optimizer")}
+        return max(parts, key=parts.get)  # type: ignore[arg-type]
+
+
+def _group(plan: ParallelPlan, cluster: ClusterSpec, axis: str) -> tuple[int, int, int]:
+    n = {"tp": plan.tp, "dp": plan.dp, "pp": plan.pp}[axis]
+    nodes, per_node = axis_node_split(axis, plan, cluster.devices_per_node)  # type: ignore[arg-type]
+    return n, nodes, per_node
+
+
+def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
+              attention: str = "flash", dp_overlap: bool = True) -> StepBreakdown:
+    hw = cluster.hardware
+    ab = DTYPE_BYTES[plan.dtype]
+    rate = cluster.gemm_rate(plan.dtype)
+    s, mb, m = plan.seq_len, plan.micro_batch, plan.n_microbatches
+    tokens = s * mb
+    blk = C.block_time(model, hw, s, mb, plan.tp, plan.sp, plan.dtype, rate, attention)
+    out_f, out_b = C.output_time(model, hw, tokens, plan.tp, plan.dtype, rate)
+
+    # tensor-parallel collectives, per block and per micro-batch
+    tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")
+    act = ab * tokens * model.hidden
+    ar = collective_time("all_reduce", act, tp_n, hw, tp_nodes, tp_per)
+    tp_block_f = 2 * ar
+    tp_block_b = 2 * ar + (2 * ar if plan.recompute == "full" else 0.0)
+    tp_emb = ar  # vocabulary-parallel embedding output
+    tp_out_f = (ar if plan.sp else 0.0) + 2 * collective_time("all_reduce", 4 * tokens, tp_n, hw, tp_nodes, tp_per)
+    tp_out_b = ar
+
+    # per pipeline rank: compute and tp time of one micro-batch through all its chunks
+    first, last = P.stage_to_rank(0, plan), P.stage_to_rank(plan.n_stages - 1, plan)
+    worst = None
+    for r in range(plan.pp):
+        nl = P.rank_layers(model, plan, r)
+        f = nl * blk.forward + (out_f if r == last else 0.0)
+        b = nl * blk.backward + (out_b if r == last else 0.0)
+        rc = nl * blk.recompute(plan.recompute)
+        tf = nl * tp_block_f + (tp_emb if r == first else 0.0) + (tp_out_f if r == last else 0.0)
+        tb = nl * tp_block_b + (tp_out_b if r == last else 0.0)
+        key = f + b + rc + tf + tb
+        if worst is None or key > worst[0]:
+            worst = (key, f, b, rc, tf, tb, nl)
+    _, f, b, rc, tf, tb, nl = worst  # type: ignore[misc]
+    per_mb = f + b + rc + tf + tb
+
+    p, v = plan.pp, plan.stages_per_rank
+    if p > 1:
+        if plan.schedule == "zero-bubble" and m >= 2 * p:
+            fill = 0.0
+        elif plan.schedule == "zero-bubble":
+            fill = (p - 1) / (2 * v)
+        else:
+            fill = (p - 1) / v
+        bubble = fill * per_mb
+        pp_n, pp_nodes, _ = _group(plan, cluster, "pp")
+        p2p_bytes = act / (plan.tp if plan.sp else 1)
+        t_p2p = collective_time("send_recv", p2p_bytes, 2, hw, 2 if pp_nodes > 1 else 1)
+        pp_comm = 2 * (m * v + p - 1) * t_p2p
+    else:
+        bubble = pp_comm = 0.0
+
+    # data parallel
+    dp_n, dp_nodes, dp_per = _group(plan, cluster, "dp")
+    local = P.max_local_numel(model, plan)
+    block_params = P.block_numel(model, plan.tp)
+    grad_bytes = local * (2 if plan.grad_compression == "fp16" else 4)
+    # the last micro-batch's backward, which gradient reduction can hide behind
+    bwd_window = (b + rc + tb) if dp_overlap else 0.0
+    dp_total = dp_exposed = 0.0
+    opt_comm = 0.0
+    if dp_n > 1:
+        if plan.zero <= 1:
+            t_ar = collective_time("all_reduce", grad_bytes, dp_n, hw, dp_nodes, dp_per)
+            last_bucket = t_ar * min(1.0, DDP_BUCKET_BYTES / grad_bytes)
+            dp_total = t_ar
+            dp_exposed = max(last_bucket, t_ar - bwd_window)
+            if plan.zero == 1:  # ZeroRedundancyOptimizer broadcasts updated shards
+                opt_comm = collective_time("all_gather", local * 4, dp_n, hw, dp_nodes, dp_per)
+        else:
+            ag_block = collective_time("all_gather", block_params * ab, dp_n, hw, dp_nodes, dp_per)
+            rs_block = collective_time("reduce_scatter", block_params * 4, dp_n, hw, dp_nodes, dp_per)
+            gathers = m * nl * (2 if plan.zero == 3 else 1)  # ZeRO-3 gathers again for backward
+            dp_total = gathers * ag_block + nl * rs_block
+            blk_f = blk.forward + 2 * ar
+            blk_b = blk.backward + blk.recompute(plan.recompute) + 2 * ar
+            if not dp_overlap:
+                blk_f = blk_b = 0.0
+            hidden_ag = max(0.0, ag_block - blk_f)  # prefetch one block ahead
+            exposed_ag = m * (ag_block + (nl - 1) * hidden_ag)
+            if plan.zero == 3:
+                exposed_ag += m * nl * max(0.0, ag_block - blk_b)
+            exposed_rs = rs_block + (nl - 1) * max(0.0, rs_block - blk_b)
+            dp_exposed = exposed_ag + exposed_rs
+
+    opt_params = local / dp_n if plan.zero >= 1 else local
+    n_tensors = len(P.layer_params(model)) * nl + 4
+    optimizer = C.optimizer_time(opt_params, n_tensors, hw, plan.offload) + opt_comm
+
+    compute = m * (f + b + rc)
+    tp_comm = m * (tf + tb)
+    total = compute + tp_comm + pp_comm + bubble + dp_exposed + optimizer
+    return StepBreakdown(total=total, compute=compute, tp_comm=tp_comm, pp_comm=pp_comm,
+                         dp_comm_exposed=dp_exposed, bubble=bubble, optimizer=optimizer,
+                         forward=m * f, backward=m * b, recompute=m * rc, dp_comm_total=dp_total)

@@ -138,7 +138,7 @@ tiny = get_preset("tiny")
     (ParallelPlan(tp=8), None, "key/value heads are not divisible by tp 8"),
     (ParallelPlan(pp=3), None, "layers are not divisible by pp = 3"),
     (ParallelPlan(pp=2, vpp=4, schedule="interleaved-1f1b", global_batch=8), None,
-     "not divisible by pp\\*vpp = 2\\*4"),
+     "cannot fill pp\\*vpp = 2\\*4 stages"),
     (ParallelPlan(dp=3, global_batch=8), None, "not divisible by micro-batch\\*dp"),
     (ParallelPlan(pp=4, global_batch=2, schedule="1f1b"), None, "at least pp = 4 micro-batches"),
     (ParallelPlan(pp=2, vpp=1, schedule="interleaved-1f1b"), None, "needs vpp > 1"),
@@ -157,6 +157,19 @@ def test_plan_validation_one_line(plan, world, msg):
     with pytest.raises(PtdError, match=msg) as e:
         plan.validate(tiny, world)
     assert "\n" not in str(e.value)
+
+
+def test_uneven_stages_opt_in():
+    m = get_preset("llama3.1-405b")
+    published = ParallelPlan(dp=128, tp=8, pp=16, global_batch=2048, seq_len=8192)
+    with pytest.raises(PtdError, match="126 layers are not divisible by pp = 16"):
+        published.validate(m, 16384)
+    published.replace(uneven_stages=True).validate(m, 16384)
+    from ptd.cost.params import stage_split
+    split = stage_split(m, 16, 8192)
+    assert sum(split) == 126 and split[0] == split[-1] == 7 and set(split[1:-1]) == {8}
+    with pytest.raises(PtdError, match="cannot fill"):
+        ParallelPlan(pp=8, uneven_stages=True, global_batch=8).validate(tiny)
 
 
 def test_plan_derived():

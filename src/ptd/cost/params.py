@@ -151,7 +151,12 @@ def stage_split(model: ModelSpec, n_stages: int, seq_len: int) -> tuple[int, ...
         raise ValueError(f"{n_stages} stages need at least as many layers, have {L}")
     unit = _layer_cost(model, seq_len)
     extra = _output_cost(model) / unit  # in layers
-    even = [L // n_stages + (1 if i < L % n_stages else 0) for i in range(n_stages)]
+    base, extra_layers = divmod(L, n_stages)
+    # the remainder goes to the middle stages, so the ends (embedding, output) are lighter
+    order = list(range(1, n_stages - 1)) + [0, n_stages - 1]
+    even = [base] * n_stages
+    for i in order[:extra_layers]:
+        even[i] += 1
 
     def cost(split: list[int]) -> tuple[float, float]:
         loads = [n + (extra if i == n_stages - 1 else 0.0) for i, n in enumerate(split)]

@@ -59,6 +59,10 @@ class ParallelPlan:
     """Optimizer states (and with ZeRO-3 parameters) kept in host memory (FSDP CPU offload)."""
     grad_compression: GradCompression = "none"
     """DDP gradient-communication hook: none, fp16 (halves bytes), powersgd (low rank)."""
+    uneven_stages: bool = False
+    """Allow a layer count not divisible by ``pp * vpp``: stages then get the cost-balanced
+    split of :func:`ptd.cost.params.stage_split` (Llama 3 405B ran 126 layers on 16 stages,
+    the first and last one layer short)."""
 
     # ----------------------------------------------------------- derived
     @property
@@ -107,6 +111,8 @@ class ParallelPlan:
             parts.append(self.schedule)
         if self.offload:
             parts.append("offload")
+        if self.uneven_stages:
+            parts.append("uneven")
         return " ".join(parts)
 
     # --------------------------------------------------------- validation
@@ -166,9 +172,12 @@ class ParallelPlan:
         if m.vocab_size % t:
             raise PtdError(f"{m.name}: vocabulary {m.vocab_size} is not divisible by tp {t} "
                            f"(the output layer is split over the vocabulary)")
-        if m.n_layers % self.n_stages:
-            what = f"pp*vpp = {self.pp}*{self.stages_per_rank}" if self.stages_per_rank > 1 else f"pp = {self.pp}"
-            raise PtdError(f"{m.name}: {m.n_layers} layers are not divisible by {what}")
+        what = f"pp*vpp = {self.pp}*{self.stages_per_rank}" if self.stages_per_rank > 1 else f"pp = {self.pp}"
+        if m.n_layers < self.n_stages:
+            raise PtdError(f"{m.name}: {m.n_layers} layers cannot fill {what} stages")
+        if m.n_layers % self.n_stages and not self.uneven_stages:
+            raise PtdError(f"{m.name}: {m.n_layers} layers are not divisible by {what} "
+                           f"(allow uneven stages to split them by cost)")
         if self.seq_len > m.max_seq_len:
             raise PtdError(f"seq_len {self.seq_len} exceeds {m.name}'s max_seq_len {m.max_seq_len}")
 

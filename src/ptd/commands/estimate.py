@@ -58,6 +58,8 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"],
                    help="pipeline schedule (chosen when pp > 1)")
     p.add_argument("--offload", action="store_true", help="optimizer/params in host memory (zero>=2)")
+    p.add_argument("--uneven-stages", action="store_true",
+                   help="allow layers not divisible by pp*vpp (split balanced by cost)")
 
 
 def resolve(a: argparse.Namespace):
@@ -92,7 +94,8 @@ def run(a: argparse.Namespace) -> int:
     seq = a.seq_len or default_seq_len(model)
     gb = a.global_batch or default_global_batch(seq, dp)
     free = []
-    fixed = dict(dp=dp, tp=tp, pp=pp, global_batch=gb, seq_len=seq, dtype=a.dtype, offload=a.offload)
+    fixed = dict(dp=dp, tp=tp, pp=pp, global_batch=gb, seq_len=seq, dtype=a.dtype, offload=a.offload,
+                 uneven_stages=a.uneven_stages)
     for knob, val, default in [("micro_batch", a.micro_batch, 1), ("zero", a.zero, 0),
                                ("recompute", a.recompute, "none"), ("vpp", a.vpp, 1),
                                ("schedule", a.schedule, "1f1b"), ("sp", a.sp, False)]:

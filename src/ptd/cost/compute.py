@@ -123,9 +123,13 @@ def scores_bytes_fwd(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
 
 
 def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: int, tp: int,
-               sp: bool, dtype: str, rate: float, attention: str = "flash") -> BlockTime:
+               sp: bool, dtype: str, rate: float, attention: str = "flash",
+               bw: float | None = None, overhead: float | None = None) -> BlockTime:
+    """``rate``, ``bw`` and ``overhead``: one worker's matmul FLOP/s, memory bandwidth and
+    per-operator cost with its node's workers running (default: the hardware's own)."""
     ab = DTYPE_BYTES[dtype]
-    bw = hw.effective_memory_bandwidth
+    bw = bw or hw.effective_memory_bandwidth
+    overhead = hw.op_overhead if overhead is None else overhead
     tokens = seq_len * micro_batch
     lin, attn = block_gemms(model, tokens, seq_len, micro_batch, tp)
     t_lin = sum(gemm_time(g, rate, bw, ab) for g in lin)
@@ -141,33 +145,38 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
                   + scores_bytes_fwd(model, seq_len, micro_batch, tp, ab) / bw)
         t_attn_bwd = 2 * t_attn
     ops = OPS_FWD[model.mlp], OPS_BWD[model.mlp]
-    fwd = t_lin + t_attn + ew + ops[0] * hw.op_overhead
-    bwd = 2 * t_lin + t_attn_bwd + 2 * ew + ops[1] * hw.op_overhead
+    fwd = t_lin + t_attn + ew + ops[0] * overhead
+    bwd = 2 * t_lin + t_attn_bwd + 2 * ew + ops[1] * overhead
     return BlockTime(forward=fwd, backward=bwd, attention_forward=t_attn)
 
 
 def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype: str,
-                rate: float) -> tuple[float, float]:
+                rate: float, bw: float | None = None, overhead: float | None = None
+                ) -> tuple[float, float]:
     """(forward, backward) seconds of final norm, output layer and loss on the last stage.
     The loss works in fp32 over the local vocabulary shard (log-softmax, gather, its
     gradient: about five fp32 passes over ``s b V / t``)."""
     ab = DTYPE_BYTES[dtype]
-    bw = hw.effective_memory_bandwidth
+    bw = bw or hw.effective_memory_bandwidth
+    overhead = hw.op_overhead if overhead is None else overhead
     g = Gemm(tokens, model.vocab_size / tp, model.hidden)
     loss_bytes = 5 * 4 * tokens * model.vocab_size / tp
     norm_bytes = 2 * ab * tokens * model.hidden
-    fwd = gemm_time(g, rate, bw, ab) + (0.5 * loss_bytes + norm_bytes) / bw + OPS_OUTPUT_FWD * hw.op_overhead
-    bwd = 2 * gemm_time(g, rate, bw, ab) + (0.5 * loss_bytes + 2 * norm_bytes) / bw + OPS_OUTPUT_BWD * hw.op_overhead
+    fwd = gemm_time(g, rate, bw, ab) + (0.5 * loss_bytes + norm_bytes) / bw + OPS_OUTPUT_FWD * overhead
+    bwd = 2 * gemm_time(g, rate, bw, ab) + (0.5 * loss_bytes + 2 * norm_bytes) / bw + OPS_OUTPUT_BWD * overhead
     return fwd, bwd
 
 
-def optimizer_time(local_params: float, n_tensors: int, hw: HardwareSpec, offload: bool = False) -> float:
+def optimizer_time(local_params: float, n_tensors: int, hw: HardwareSpec, offload: bool = False,
+                   bw: float | None = None, overhead: float | None = None) -> float:
     """AdamW over the rank's own parameters: memory-bound, reading parameter, gradient and
     both moments and writing parameter and moments (28 bytes per fp32 parameter), plus the
     gradient-norm pass (4 bytes). With offload, gradients go to the host and parameters come
     back over the host link, and the update runs on host memory at the same byte count."""
     nbytes = 32.0 * local_params
-    t = nbytes / hw.effective_memory_bandwidth + n_tensors * OPS_OPTIMIZER_PER_TENSOR * hw.op_overhead
+    bw = bw or hw.effective_memory_bandwidth
+    overhead = hw.op_overhead if overhead is None else overhead
+    t = nbytes / bw + n_tensors * OPS_OPTIMIZER_PER_TENSOR * overhead
     if offload:
         t += 8.0 * local_params / hw.host_bandwidth
     return t

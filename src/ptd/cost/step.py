@@ -86,8 +86,9 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     rate = cluster.gemm_rate(plan.dtype)
     s, mb, m = plan.seq_len, plan.micro_batch, plan.n_microbatches
     tokens = s * mb
-    blk = C.block_time(model, hw, s, mb, plan.tp, plan.sp, plan.dtype, rate, attention)
-    out_f, out_b = C.output_time(model, hw, tokens, plan.tp, plan.dtype, rate)
+    bw, ovh = cluster.memory_bandwidth, cluster.op_overhead
+    blk = C.block_time(model, hw, s, mb, plan.tp, plan.sp, plan.dtype, rate, attention, bw, ovh)
+    out_f, out_b = C.output_time(model, hw, tokens, plan.tp, plan.dtype, rate, bw, ovh)
 
     # tensor-parallel collectives, per block and per micro-batch
     tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")
@@ -166,7 +167,7 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
 
     opt_params = local / dp_n if plan.zero >= 1 else local
     n_tensors = len(P.layer_params(model)) * nl + 4
-    optimizer = C.optimizer_time(opt_params, n_tensors, hw, plan.offload) + opt_comm
+    optimizer = C.optimizer_time(opt_params, n_tensors, hw, plan.offload, bw, ovh) + opt_comm
 
     compute = m * (f + b + rc)
     tp_comm = m * (tf + tb)

@@ -101,6 +101,11 @@ class HardwareSpec:
     gemm_flops_measured: dict[str, dict[int, float]] = field(default_factory=dict)
     """From ``ptd calibrate``: achieved matmul FLOP/s per worker, by dtype, then by how many
     workers ran at once on the node (cores and memory are shared). Overrides peak*efficiency."""
+    memory_bandwidth_measured: dict[int, float] = field(default_factory=dict)
+    """From ``ptd calibrate``: achieved copy bandwidth per worker (bytes/s) by workers at once.
+    Overrides memory_bandwidth*memory_efficiency."""
+    op_overhead_measured: dict[int, float] = field(default_factory=dict)
+    """From ``ptd calibrate``: seconds per operator dispatch by workers at once."""
     collectives: tuple[CollectiveFit, ...] = ()
     """From ``ptd calibrate``: measured alpha-beta per collective and group size."""
     sources: dict[str, str] = field(default_factory=dict)
@@ -134,19 +139,22 @@ class HardwareSpec:
         A calibrated profile gives the measured rate for the nearest worker count not below
         the one asked (more workers never run faster); presets give peak times efficiency.
         """
-        table = self.gemm_flops_measured.get(dtype)
-        if table:
-            counts = sorted(table)
-            pick = next((n for n in counts if n >= workers_per_node), counts[-1])
-            rate = table[pick]
-            if workers_per_node > pick:  # beyond what was measured: share it out
-                rate *= pick / workers_per_node
-            return rate
-        return self.peak(dtype) * self.gemm_efficiency
+        return _per_worker(self.gemm_flops_measured.get(dtype, {}), workers_per_node,
+                           self.peak(dtype) * self.gemm_efficiency, share=True)
 
     @property
     def effective_memory_bandwidth(self) -> float:
         return self.memory_bandwidth * self.memory_efficiency
+
+    def memory_bandwidth_at(self, workers_per_node: int = 1) -> float:
+        """Achievable memory bandwidth of one worker while ``workers_per_node`` run."""
+        return _per_worker(self.memory_bandwidth_measured, workers_per_node,
+                           self.effective_memory_bandwidth, share=True)
+
+    def op_overhead_at(self, workers_per_node: int = 1) -> float:
+        """Seconds per operator dispatch while ``workers_per_node`` run."""
+        return _per_worker(self.op_overhead_measured, workers_per_node, self.op_overhead,
+                           share=False)
 
     def collective_fit(self, kind: str, group_size: int) -> CollectiveFit | None:
         """The measured fit for ``kind`` at the closest group size, if calibrated."""
@@ -162,7 +170,23 @@ class HardwareSpec:
         d = dataclasses.asdict(self)
         d["gemm_flops_measured"] = {k: {str(n): r for n, r in v.items()}
                                     for k, v in self.gemm_flops_measured.items()}
+        for k in ("memory_bandwidth_measured", "op_overhead_measured"):
+            d[k] = {str(n): v for n, v in getattr(self, k).items()}
         return d
+
+
+def _per_worker(table: dict[int, float], workers: int, default: float, share: bool) -> float:
+    """Look a measured per-worker quantity up for ``workers`` running at once: the entry for
+    the nearest measured count at or above it; past the largest, a rate is shared out
+    (``share``: bandwidths and FLOP/s fall as 1/workers) and a time grows as workers."""
+    if not table:
+        return default
+    counts = sorted(table)
+    pick = next((n for n in counts if n >= workers), counts[-1])
+    value = table[pick]
+    if workers > pick:
+        value = value * pick / workers if share else value * workers / pick
+    return value
 
 
 @dataclass(frozen=True)
@@ -198,6 +222,15 @@ class ClusterSpec:
 
     def gemm_rate(self, dtype: str) -> float:
         return self.hardware.gemm_rate(dtype, self.workers_per_node)
+
+    @property
+    def memory_bandwidth(self) -> float:
+        """Achievable memory bandwidth per device with the node's workers running."""
+        return self.hardware.memory_bandwidth_at(self.workers_per_node)
+
+    @property
+    def op_overhead(self) -> float:
+        return self.hardware.op_overhead_at(self.workers_per_node)
 
 
 # ------------------------------------------------------------------ presets
@@ -319,6 +352,9 @@ def hardware_from_dict(d: dict[str, Any], name: str = "custom") -> HardwareSpec:
     if "gemm_flops_measured" in d:
         d["gemm_flops_measured"] = {dt: {int(n): float(r) for n, r in t.items()}
                                     for dt, t in d["gemm_flops_measured"].items()}
+    for k in ("memory_bandwidth_measured", "op_overhead_measured"):
+        if k in d:
+            d[k] = {int(n): float(v) for n, v in d[k].items()}
     if "collectives" in d:
         d["collectives"] = tuple(c if isinstance(c, CollectiveFit) else CollectiveFit(**c)
                                  for c in d["collectives"])

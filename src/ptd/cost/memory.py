@@ -112,38 +112,39 @@ def model_state_elements(model: ModelSpec, plan: ParallelPlan, pp_rank: int,
                          dp_rank: int) -> ModelStates:
     """Exact element counts on one rank (``tp`` ranks are alike up to replicated tensors,
     which every tp rank holds in full)."""
-    plist = P.rank_params(model, plan, pp_rank)
-    local = [p.local_shape(plan.tp) for p in plist]
-    full = sum(_prod(s) for s in local)
+    full = P.local_numel(model, plan, pp_rank)
     if plan.zero >= 2:
-        sharded = P.fsdp_numel(local, plan.dp, dp_rank)
+        sharded = P.rank_fsdp_numel(model, plan, pp_rank, dp_rank)
     if plan.zero == 3:
         return ModelStates(sharded, sharded, sharded)
     if plan.zero == 2:
         return ModelStates(full, sharded, sharded)
     if plan.zero == 1:
-        return ModelStates(full, full, P.zero1_numel(plist, plan.tp, plan.dp)[dp_rank])
+        return ModelStates(full, full, P.rank_zero1_numel(model, plan, pp_rank)[dp_rank])
     return ModelStates(full, full, full)
-
-
-def _prod(s: tuple[int, ...]) -> int:
-    n = 1
-    for x in s:
-        n *= x
-    return n
 
 
 @lru_cache(maxsize=8192)
 def _max_state_elements(model: ModelSpec, plan: ParallelPlan) -> ModelStates:
     """Element counts of the rank with the most model-state bytes."""
-    dps = range(plan.dp) if plan.zero == 1 else [0]  # torch.chunk gives rank 0 the most
     best, best_key = ModelStates(0, 0, 0), -1.0
+    seen = set()
     for r in range(plan.pp):
-        for d in dps:
-            e = model_state_elements(model, plan, r, d)
-            key = e.params + e.grads + 2.0 * e.optimizer
-            if key > best_key:
-                best, best_key = e, key
+        sig = P.rank_signature(model, plan, r)
+        if sig in seen:  # holds the same tensors as an earlier rank, which won any tie
+            continue
+        seen.add(sig)
+        if plan.zero == 1:  # every dp rank: ZeroRedundancyOptimizer's shares differ
+            full = P.local_numel(model, plan, r)
+            for o in P.rank_zero1_numel(model, plan, r):
+                key = full + full + 2.0 * o
+                if key > best_key:
+                    best, best_key = ModelStates(full, full, o), key
+            continue
+        e = model_state_elements(model, plan, r, 0)  # torch.chunk gives rank 0 the most
+        key = e.params + e.grads + 2.0 * e.optimizer
+        if key > best_key:
+            best, best_key = e, key
     return best
 
 
@@ -254,9 +255,10 @@ def activation_bytes(model: ModelSpec, plan: ParallelPlan, attention: AttentionK
     last = P.stage_to_rank(plan.n_stages - 1, plan)
     first = P.stage_to_rank(0, plan)
     best = 0.0
+    layers = P.layers_per_rank(model, plan)
     for r in ([pp_rank] if pp_rank is not None else range(plan.pp)):
         k = in_flight(plan, r)
-        total = k * P.rank_layers(model, plan, r) * per_layer
+        total = k * layers[r] * per_layer
         if r == first:
             total += k * emb if model.dropout > 0 else 0.0
         if r == last:

@@ -195,6 +195,11 @@ def rank_layers(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> int:
     return _rank_layers(model, _layout_key(plan))[pp_rank]
 
 
+def layers_per_rank(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
+    """:func:`rank_layers` of every pipeline rank, in rank order."""
+    return _rank_layers(model, _layout_key(plan))
+
+
 def _ends(plan: ParallelPlan) -> tuple[int, int]:
     """Pipeline ranks of the first stage (embeddings) and of the last (output layer)."""
     return stage_to_rank(0, plan), stage_to_rank(plan.n_stages - 1, plan)
@@ -225,19 +230,85 @@ def block_numel(model: ModelSpec, tp: int) -> int:
 
 def local_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> int:
     """Parameters on one rank after tensor-parallel splitting (before any ZeRO sharding)."""
-    first_rank, last_rank = _ends(plan)
-    n = block_numel(model, plan.tp) * rank_layers(model, plan, pp_rank)
-    if pp_rank == first_rank:
-        n += _numel_of(first_stage_params(model), plan.tp)
-    if pp_rank == last_rank:
-        separate = not model.tied_embeddings or first_rank != last_rank
-        n += _numel_of(last_stage_params(model, separate), plan.tp)
-    return n
+    return _local_numels(model, _layout_key(plan), plan.tp)[pp_rank]
+
+
+def _ends_of(key: tuple[int, int, bool, int]) -> tuple[int, int]:
+    """:func:`_ends` from a :func:`_layout_key` (the first stage is always on rank 0)."""
+    pp, n_stages, v_shape, _ = key
+    last = n_stages - 1
+    return 0, ((last if last < pp else 2 * pp - 1 - last) if v_shape else last % pp)
+
+
+@lru_cache(maxsize=8192)
+def _local_numels(model: ModelSpec, key: tuple[int, int, bool, int], tp: int) -> tuple[int, ...]:
+    """:func:`local_numel` of every pipeline rank (memoised: the planner asks for the same
+    layout under many micro-batch, ZeRO and recompute settings)."""
+    first_rank, last_rank = _ends_of(key)
+    layers = _rank_layers(model, key)
+    out = []
+    for r in range(key[0]):
+        n = block_numel(model, tp) * layers[r]
+        if r == first_rank:
+            n += _numel_of(first_stage_params(model), tp)
+        if r == last_rank:
+            separate = not model.tied_embeddings or first_rank != last_rank
+            n += _numel_of(last_stage_params(model, separate), tp)
+        out.append(n)
+    return tuple(out)
 
 
 def max_local_numel(model: ModelSpec, plan: ParallelPlan) -> int:
     """:func:`local_numel` of the pipeline rank with the most parameters."""
-    return max(local_numel(model, plan, r) for r in range(plan.pp))
+    return max(_local_numels(model, _layout_key(plan), plan.tp))
+
+
+@lru_cache(maxsize=8192)
+def _fsdp_numel_of(params: tuple[Param, ...], tp: int, dp: int, dp_rank: int) -> int:
+    return fsdp_numel([p.local_shape(tp) for p in params], dp, dp_rank)
+
+
+def rank_fsdp_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int, dp_rank: int) -> int:
+    """:func:`fsdp_numel` of :func:`rank_params` on ``pp_rank`` (every tensor is chunked on
+    its own, so the sum goes block by block)."""
+    key = _layout_key(plan)
+    first_rank, last_rank = _ends_of(key)
+    tp, dp = plan.tp, plan.dp
+    n = _fsdp_numel_of(layer_params(model), tp, dp, dp_rank) * _rank_layers(model, key)[pp_rank]
+    if pp_rank == first_rank:
+        n += _fsdp_numel_of(first_stage_params(model), tp, dp, dp_rank)
+    if pp_rank == last_rank:
+        separate = not model.tied_embeddings or first_rank != last_rank
+        n += _fsdp_numel_of(last_stage_params(model, separate), tp, dp, dp_rank)
+    return n
+
+
+def rank_signature(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> tuple[int, bool, bool]:
+    """``(blocks, holds the embeddings, holds the output layer)`` of a pipeline rank: ranks
+    with the same signature hold the same tensors."""
+    key = _layout_key(plan)
+    first_rank, last_rank = _ends_of(key)
+    return _rank_layers(model, key)[pp_rank], pp_rank == first_rank, pp_rank == last_rank
+
+
+def rank_zero1_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> tuple[int, ...]:
+    """:func:`zero1_numel` of :func:`rank_params` on ``pp_rank``, memoised by what the rank
+    holds."""
+    nl, first, last = rank_signature(model, plan, pp_rank)
+    separate = last and (not model.tied_embeddings or not first)
+    return _rank_zero1(model, nl, first, last, separate, plan.tp, plan.dp)
+
+
+@lru_cache(maxsize=4096)
+def _rank_zero1(model: ModelSpec, nl: int, first: bool, last: bool, separate: bool, tp: int,
+                dp: int) -> tuple[int, ...]:
+    params: list[Param] = []
+    if first:
+        params += first_stage_params(model)
+    params += list(layer_params(model)) * nl
+    if last:
+        params += last_stage_params(model, separate)
+    return tuple(zero1_numel(params, tp, dp))
 
 
 def fsdp_numel(shapes: list[tuple[int, ...]], dp: int, dp_rank: int) -> int:

@@ -28,6 +28,7 @@ With ``dp_overlap=False`` (frameworks that reduce after backward) all of it is e
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 from ..specs.hardware import DTYPE_BYTES, ClusterSpec
 from ..specs.layout import axis_node_split
@@ -75,8 +76,14 @@ class StepBreakdown:
 
 def _group(plan: ParallelPlan, cluster: ClusterSpec, axis: str) -> tuple[int, int, int]:
     n = {"tp": plan.tp, "dp": plan.dp, "pp": plan.pp}[axis]
-    nodes, per_node = axis_node_split(axis, plan, cluster.devices_per_node)  # type: ignore[arg-type]
+    nodes, per_node = _node_split(axis, plan.dp, plan.tp, plan.pp, cluster.devices_per_node)
     return n, nodes, per_node
+
+
+@lru_cache(maxsize=4096)
+def _node_split(axis: str, dp: int, tp: int, pp: int, devices_per_node: int) -> tuple[int, int]:
+    """:func:`axis_node_split`, memoised (placement depends on the degrees alone)."""
+    return axis_node_split(axis, ParallelPlan(dp=dp, tp=tp, pp=pp), devices_per_node)  # type: ignore[arg-type]
 
 
 def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
@@ -103,8 +110,9 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     # per pipeline rank: compute and tp time of one micro-batch through all its chunks
     first, last = P.stage_to_rank(0, plan), P.stage_to_rank(plan.n_stages - 1, plan)
     worst = None
+    layers = P.layers_per_rank(model, plan)
     for r in range(plan.pp):
-        nl = P.rank_layers(model, plan, r)
+        nl = layers[r]
         f = nl * blk.forward + (out_f if r == last else 0.0)
         b = nl * blk.backward + (out_b if r == last else 0.0)
         rc = nl * blk.recompute(plan.recompute)

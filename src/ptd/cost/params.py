@@ -179,6 +179,23 @@ def _layout_key(plan: ParallelPlan) -> tuple[int, int, bool, int]:
     return (plan.pp, plan.n_stages, _is_v(plan), plan.seq_len)
 
 
+layout_key = _layout_key
+
+
+def layout_plan(key: tuple[int, int, bool, int], **fields: int) -> ParallelPlan:
+    """A plan whose :func:`layout_key` is ``key`` (and with ``fields``): stand-in for every
+    plan with that layout, for results that depend on nothing else."""
+    pp, n_stages, v_shape, seq_len = key
+    if v_shape:
+        sched, vpp = "zero-bubble", 1
+    else:
+        vpp = n_stages // pp
+        sched = "interleaved-1f1b" if vpp > 1 else "1f1b"
+    plan = ParallelPlan(pp=pp, vpp=vpp, schedule=sched, seq_len=seq_len, **fields)  # type: ignore[arg-type]
+    assert _layout_key(plan) == key
+    return plan
+
+
 @lru_cache(maxsize=8192)
 def _rank_layers(model: ModelSpec, key: tuple[int, int, bool, int]) -> tuple[int, ...]:
     pp, n_stages, v_shape, seq_len = key
@@ -198,6 +215,32 @@ def rank_layers(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> int:
 def layers_per_rank(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
     """:func:`rank_layers` of every pipeline rank, in rank order."""
     return _rank_layers(model, _layout_key(plan))
+
+
+def rank_layers_of(model: ModelSpec, key: tuple[int, int, bool, int]) -> tuple[int, ...]:
+    """:func:`layers_per_rank` from a :func:`layout_key`."""
+    return _rank_layers(model, key)
+
+
+@lru_cache(maxsize=8192)
+def _widest_plain_rank(model: ModelSpec, key: tuple[int, int, bool, int]) -> int | None:
+    first, last = ends_of(key)
+    layers = _rank_layers(model, key)
+    best = None
+    for r in range(key[0]):
+        if r != first and r != last and (best is None or layers[r] > layers[best]):
+            best = r
+    return best
+
+
+def heaviest_rank_candidates(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
+    """In rank order, the pipeline ranks that can be the slowest: the first (embeddings), the
+    last (output layer), and the earliest of the others holding the most blocks (the others
+    differ only in their block count, so none of them can be slower)."""
+    key = _layout_key(plan)
+    first, last = ends_of(key)
+    plain = _widest_plain_rank(model, key)
+    return tuple(sorted({first, last} | ({plain} if plain is not None else set())))
 
 
 def _ends(plan: ParallelPlan) -> tuple[int, int]:
@@ -233,7 +276,7 @@ def local_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> int:
     return _local_numels(model, _layout_key(plan), plan.tp)[pp_rank]
 
 
-def _ends_of(key: tuple[int, int, bool, int]) -> tuple[int, int]:
+def ends_of(key: tuple[int, int, bool, int]) -> tuple[int, int]:
     """:func:`_ends` from a :func:`_layout_key` (the first stage is always on rank 0)."""
     pp, n_stages, v_shape, _ = key
     last = n_stages - 1
@@ -244,7 +287,7 @@ def _ends_of(key: tuple[int, int, bool, int]) -> tuple[int, int]:
 def _local_numels(model: ModelSpec, key: tuple[int, int, bool, int], tp: int) -> tuple[int, ...]:
     """:func:`local_numel` of every pipeline rank (memoised: the planner asks for the same
     layout under many micro-batch, ZeRO and recompute settings)."""
-    first_rank, last_rank = _ends_of(key)
+    first_rank, last_rank = ends_of(key)
     layers = _rank_layers(model, key)
     out = []
     for r in range(key[0]):
@@ -272,7 +315,7 @@ def rank_fsdp_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int, dp_rank:
     """:func:`fsdp_numel` of :func:`rank_params` on ``pp_rank`` (every tensor is chunked on
     its own, so the sum goes block by block)."""
     key = _layout_key(plan)
-    first_rank, last_rank = _ends_of(key)
+    first_rank, last_rank = ends_of(key)
     tp, dp = plan.tp, plan.dp
     n = _fsdp_numel_of(layer_params(model), tp, dp, dp_rank) * _rank_layers(model, key)[pp_rank]
     if pp_rank == first_rank:
@@ -287,7 +330,7 @@ def rank_signature(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> tuple[
     """``(blocks, holds the embeddings, holds the output layer)`` of a pipeline rank: ranks
     with the same signature hold the same tensors."""
     key = _layout_key(plan)
-    first_rank, last_rank = _ends_of(key)
+    first_rank, last_rank = ends_of(key)
     return _rank_layers(model, key)[pp_rank], pp_rank == first_rank, pp_rank == last_rank
 
 

@@ -111,7 +111,7 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     first, last = P.stage_to_rank(0, plan), P.stage_to_rank(plan.n_stages - 1, plan)
     worst = None
     layers = P.layers_per_rank(model, plan)
-    for r in range(plan.pp):
+    for r in P.heaviest_rank_candidates(model, plan):
         nl = layers[r]
         f = nl * blk.forward + (out_f if r == last else 0.0)
         b = nl * blk.backward + (out_b if r == last else 0.0)

@@ -43,7 +43,6 @@ micro-batches on every rank.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from typing import Iterable, Literal
 
 from ..specs.hardware import DTYPE_BYTES
@@ -124,7 +123,7 @@ def model_state_elements(model: ModelSpec, plan: ParallelPlan, pp_rank: int,
     return ModelStates(full, full, full)
 
 
-@lru_cache(maxsize=8192)
+@P.memo_by_model
 def _max_state_elements(model: ModelSpec, key: tuple) -> ModelStates:
     """Element counts of the rank with the most model-state bytes. ``key``: the layout
     (:func:`ptd.cost.params.layout_plan`), tp, dp and ZeRO stage -- all they depend on."""
@@ -247,7 +246,7 @@ def _in_flight(p: int, m: int, v: int, schedule: str, pp_rank: int) -> float:
     return chunks / v
 
 
-@lru_cache(maxsize=8192)
+@P.memo_by_model
 def _held_layers(model: ModelSpec, layout: tuple, m: int, v: int, schedule: str
                  ) -> tuple[tuple[float, ...], float | None]:
     """Per pipeline rank, micro-batches in flight times blocks held (what multiplies one

@@ -18,13 +18,17 @@ memory predicted from here is the memory measured, byte for byte:
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, Callable, TypeVar
 
 from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,36 @@ def _numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
-@lru_cache(maxsize=256)
+def memo_by_model(fn: Callable[..., T]) -> Callable[..., T]:
+    """Remember ``fn(model, *args)`` by the model's identity and the other arguments.
+
+    ``functools.lru_cache`` hashes its arguments on every call, and hashing a
+    :class:`ModelSpec` (twenty fields) costs more than most of what is remembered here; an
+    ``id`` costs nothing. Each entry keeps its model alive, so an id is never reused while
+    its entry exists; the memo is cleared when it grows past ``MEMO_SIZE``.
+    """
+    memo: dict[tuple, tuple] = {}
+
+    @functools.wraps(fn)
+    def wrapper(model: ModelSpec, *args: Any) -> T:
+        key = (id(model),) + args
+        hit = memo.get(key)
+        if hit is not None and hit[0] is model:
+            return hit[1]
+        if len(memo) >= MEMO_SIZE:
+            memo.clear()
+        value = fn(model, *args)
+        memo[key] = (model, value)
+        return value
+
+    wrapper.cache_clear = memo.clear  # type: ignore[attr-defined]
+    return wrapper
+
+
+MEMO_SIZE = 16384
+
+
+@memo_by_model
 def layer_params(model: ModelSpec) -> tuple[Param, ...]:
     """The tensors of one transformer block, in the runtime's registration order."""
     h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
@@ -91,7 +124,7 @@ def layer_params(model: ModelSpec) -> tuple[Param, ...]:
     return tuple(out)
 
 
-@lru_cache(maxsize=256)
+@memo_by_model
 def first_stage_params(model: ModelSpec) -> tuple[Param, ...]:
     """Embeddings (on the first pipeline stage)."""
     out = [Param("tok_embeddings.weight", (model.vocab_size, model.hidden), 0, False)]
@@ -100,7 +133,7 @@ def first_stage_params(model: ModelSpec) -> tuple[Param, ...]:
     return tuple(out)
 
 
-@lru_cache(maxsize=256)
+@memo_by_model
 def last_stage_params(model: ModelSpec, separate_output: bool) -> tuple[Param, ...]:
     """Final norm and output layer (on the last stage). ``separate_output``: the output
     matrix is a tensor of its own (untied, or tied but on another stage than the embedding)."""
@@ -135,7 +168,7 @@ def _output_cost(model: ModelSpec) -> float:
     return 6.0 * model.vocab_size * model.hidden
 
 
-@lru_cache(maxsize=4096)
+@memo_by_model
 def stage_split(model: ModelSpec, n_stages: int, seq_len: int) -> tuple[int, ...]:
     """Layers per virtual stage, contiguous, minimising the most expensive stage.
 
@@ -196,7 +229,7 @@ def layout_plan(key: tuple[int, int, bool, int], **fields: int) -> ParallelPlan:
     return plan
 
 
-@lru_cache(maxsize=8192)
+@memo_by_model
 def _rank_layers(model: ModelSpec, key: tuple[int, int, bool, int]) -> tuple[int, ...]:
     pp, n_stages, v_shape, seq_len = key
     split = stage_split(model, n_stages, seq_len)
@@ -222,7 +255,7 @@ def rank_layers_of(model: ModelSpec, key: tuple[int, int, bool, int]) -> tuple[i
     return _rank_layers(model, key)
 
 
-@lru_cache(maxsize=8192)
+@memo_by_model
 def _widest_plain_rank(model: ModelSpec, key: tuple[int, int, bool, int]) -> int | None:
     first, last = ends_of(key)
     layers = _rank_layers(model, key)
@@ -266,6 +299,7 @@ def _numel_of(params: tuple[Param, ...], tp: int) -> int:
     return sum(_numel(p.local_shape(tp)) for p in params)
 
 
+@memo_by_model
 def block_numel(model: ModelSpec, tp: int) -> int:
     """Parameters of one block on one tp rank."""
     return _numel_of(layer_params(model), tp)
@@ -283,7 +317,7 @@ def ends_of(key: tuple[int, int, bool, int]) -> tuple[int, int]:
     return 0, ((last if last < pp else 2 * pp - 1 - last) if v_shape else last % pp)
 
 
-@lru_cache(maxsize=8192)
+@memo_by_model
 def _local_numels(model: ModelSpec, key: tuple[int, int, bool, int], tp: int) -> tuple[int, ...]:
     """:func:`local_numel` of every pipeline rank (memoised: the planner asks for the same
     layout under many micro-batch, ZeRO and recompute settings)."""
@@ -342,7 +376,7 @@ def rank_zero1_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> tupl
     return _rank_zero1(model, nl, first, last, separate, plan.tp, plan.dp)
 
 
-@lru_cache(maxsize=4096)
+@memo_by_model
 def _rank_zero1(model: ModelSpec, nl: int, first: bool, last: bool, separate: bool, tp: int,
                 dp: int) -> tuple[int, ...]:
     params: list[Param] = []

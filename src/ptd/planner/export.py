@@ -58,7 +58,8 @@ LIMITS: dict[str, list[str]] = {
         "Uneven stages: only the first and last stage may differ from the others "
         "(--decoder-first/last-pipeline-num-layers), and not with virtual stages.",
         "Offload moves optimizer states only (--optimizer-cpu-offload).",
-        "The tokenizer is written as NullTokenizer with the model's vocabulary size.",
+        "The tokenizer is written as NullTokenizer (--vocab-size V-1: it adds an "
+        "end-of-document id); replace it with the run's tokenizer.",
     ],
     "deepspeed": [
         "ds_config holds no pipeline degree: it is deepspeed.pipe.PipelineModule(num_stages=pp) "
@@ -241,8 +242,10 @@ def megatron_args(e: Estimate, steps: int | None = None,
         a("--num-experts", m.n_experts)
         a("--moe-router-topk", m.top_k)
     a("--init-method-std", m.init_std)
+    # NullTokenizer adds one end-of-document id to --vocab-size; padding to a multiple of
+    # 1 * tp then leaves the model's own vocabulary (tp divides it)
     a("--tokenizer-type", "NullTokenizer")
-    a("--vocab-size", m.vocab_size)
+    a("--vocab-size", m.vocab_size - 1)
     a("--make-vocab-size-divisible-by", 1)
     a("--attention-backend", "flash" if options.attention == "flash" else "unfused")
     # parallelism
@@ -342,7 +345,7 @@ def deepspeed_config(e: Estimate, options: CostOptions = CostOptions()) -> dict[
     opt = OptimConfig()
     notes: list[str] = []
     zero: dict[str, Any] = {"stage": p.zero}
-    if p.zero >= 1:
+    if p.zero >= 2:
         zero.update(overlap_comm=options.dp_overlap, contiguous_gradients=True)
     if p.offload:
         zero["offload_optimizer"] = {"device": "cpu"}

@@ -181,12 +181,14 @@ def render_explain(res, dims, per_dim: int = 3) -> str:  # type: ignore[no-untyp
     win = res.best
     cap = res.cluster.hardware.memory_bytes
     rows = []
+    held = set(res.fixed) | ({"schedule"} if "vpp" in res.fixed else set())
     for d in dims:
         first = True
         shown = d.alternatives[:per_dim]
         for alt in shown or [None]:
             if alt is None:
-                rows.append((d.name, _val(d.value), "(no other value)", "", ""))
+                rows.append((d.name, _val(d.value),
+                             "(held by --fix)" if d.name in held else "(no other value)", "", ""))
                 break
             if alt.best is not None:
                 best = _delta(alt.best, win) + "  " + short(alt.best.plan)

@@ -82,6 +82,8 @@ def _alone(result: SearchResult, dim: str, value: Any) -> tuple[Estimate | None,
         if dim == "tp" and value == 1:
             changes["sp"] = False
     elif dim == "schedule":
+        if p.pp == 1:
+            return None, "no pipeline (pp 1)"
         changes = _schedule_fields(value)
         if changes is None:
             return None, None

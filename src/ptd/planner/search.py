@@ -119,13 +119,7 @@ def _divisors(n: int) -> list[int]:
 
 def schedule_label(plan: ParallelPlan) -> str:
     """The value of the ``schedule`` dimension: schedule and virtual stages together."""
-    if plan.pp == 1:
-        return "none"
-    if plan.schedule == "interleaved-1f1b":
-        return f"interleaved-1f1b vpp{plan.vpp}"
-    if plan.schedule == "zero-bubble":
-        return "zero-bubble ZB-V" if plan.stages_per_rank == 2 else f"zero-bubble vpp{plan.vpp}"
-    return plan.schedule
+    return _label(plan.pp, plan.schedule, plan.vpp, plan.n_stages)
 
 
 def dimension_values(plan: ParallelPlan) -> dict[str, Any]:

@@ -140,7 +140,8 @@ def render(res, top: int, pareto: int, dims=None) -> str:  # type: ignore[no-unt
         f"{m.name} ({si(m.param_count())} params) on {c.n_devices} x {c.hardware.name} "
         f"({c.n_nodes} node{'s' if c.n_nodes > 1 else ''} of {c.devices_per_node}); global batch "
         f"{res.global_batch} x {res.seq_len} tokens, {res.dtype}",
-        f"searched {res.plans_considered} plans in {res.layouts_considered} layouts (dp x tp x pp) "
+        f"searched {res.plans_considered} plans in {res.layouts_considered} "
+        f"layout{'s' if res.layouts_considered != 1 else ''} (dp x tp x pp) "
         f"in {res.elapsed_s:.2f} s: {res.plans_fit} fit, {n_rej} rejected; objective "
         f"{res.objective}" + (f"; fixed {', '.join(f'{k}={v}' for k, v in res.fixed.items())}"
                               if res.fixed else ""),

@@ -17,8 +17,10 @@ The space, for ``N`` devices, a global batch and a sequence length:
 Anything a ``fixed`` mapping names (``--fix tp=8,zero=1``) is held at that value.
 
 Pruning is cheap first: a layout or a schedule that cannot be valid removes its whole
-subtree with one reason; then memory (cheaper than step time) removes what does not fit;
-step time is priced only for what fits. Every removed plan is counted by reason. Prices come
+subtree with one reason (the checks mirror :meth:`ParallelPlan.validate`, which still has the
+final word on every plan that fits); then memory (cheaper than step time) removes what does
+not fit; step time is priced only for what fits. Every removed plan is counted by reason.
+Prices come
 from :mod:`ptd.cost` (memory, step time and FLOPs exactly as :func:`ptd.cost.estimate.estimate`
 composes them; a test checks they agree), whose sub-results are memoised by the fields they
 depend on, so the same layout under many micro-batch, ZeRO and recompute settings costs
@@ -336,6 +338,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: i
                                 if not mem.fits:
                                     res.plans_rejected[NO_FIT] += 1
                                     note(NO_FIT, 1, dims)
+                                    continue
+                                try:  # the final word: the checks above mirror it
+                                    plan.validate(model, n)
+                                except PtdError as err:
+                                    why = f"invalid: {err}"
+                                    res.plans_rejected[why] += 1
+                                    note(why, 1, dims)
                                     continue
                                 e = pricer.estimate(plan, mem)
                                 k = objective_key(obj, e)

@@ -54,33 +54,33 @@ def _numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
-def memo_by_model(fn: Callable[..., T]) -> Callable[..., T]:
+def memo_by_model(fn: Callable[..., T] | None = None, *, maxsize: int = 16384) -> Any:
     """Remember ``fn(model, *args)`` by the model's identity and the other arguments.
 
     ``functools.lru_cache`` hashes its arguments on every call, and hashing a
     :class:`ModelSpec` (twenty fields) costs more than most of what is remembered here; an
     ``id`` costs nothing. Each entry keeps its model alive, so an id is never reused while
-    its entry exists; the memo is cleared when it grows past ``MEMO_SIZE``.
+    its entry exists; the memo is emptied when it reaches ``maxsize`` entries.
     """
-    memo: dict[tuple, tuple] = {}
+    def decorate(f: Callable[..., T]) -> Callable[..., T]:
+        memo: dict[tuple, tuple] = {}
 
-    @functools.wraps(fn)
-    def wrapper(model: ModelSpec, *args: Any) -> T:
-        key = (id(model),) + args
-        hit = memo.get(key)
-        if hit is not None and hit[0] is model:
-            return hit[1]
-        if len(memo) >= MEMO_SIZE:
-            memo.clear()
-        value = fn(model, *args)
-        memo[key] = (model, value)
-        return value
+        @functools.wraps(f)
+        def wrapper(model: ModelSpec, *args: Any) -> T:
+            key = (id(model),) + args
+            hit = memo.get(key)
+            if hit is not None and hit[0] is model:
+                return hit[1]
+            if len(memo) >= maxsize:
+                memo.clear()
+            value = f(model, *args)
+            memo[key] = (model, value)
+            return value
 
-    wrapper.cache_clear = memo.clear  # type: ignore[attr-defined]
-    return wrapper
+        wrapper.cache_clear = memo.clear  # type: ignore[attr-defined]
+        return wrapper
 
-
-MEMO_SIZE = 16384
+    return decorate(fn) if fn is not None else decorate
 
 
 @memo_by_model
@@ -376,7 +376,7 @@ def rank_zero1_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> tupl
     return _rank_zero1(model, nl, first, last, separate, plan.tp, plan.dp)
 
 
-@memo_by_model
+@memo_by_model(maxsize=1024)  # entries hold one number per dp rank
 def _rank_zero1(model: ModelSpec, nl: int, first: bool, last: bool, separate: bool, tp: int,
                 dp: int) -> tuple[int, ...]:
     params: list[Param] = []

@@ -309,3 +309,29 @@ def test_run_without_train_command_fails_clearly(ptd_cli, monkeypatch, tmp_path)
     rc, out, err = ptd_cli(*ARGS_TINY, "--run", "-o", str(tmp_path / "p.toml"))
     assert rc == 2 and "ptd train" in err and err.count("\n") == 1
     assert not (tmp_path / "p.toml").exists()  # nothing written before the check
+
+
+def test_run_writes_the_winner_and_starts_ptd_train(ptd_cli, monkeypatch, tmp_path):
+    # the wiring of --run, with the train command stubbed (the real run needs the runtime)
+    import sys
+
+    import ptd.commands
+    import ptd.commands.plan as plan_cmd
+    from ptd.specs import load_config
+    if "train" not in ptd.commands.MODULES:  # before the runtime lands: a stand-in command
+        import types
+        fake = types.ModuleType("ptd.commands.train")
+        fake.HELP, fake.add, fake.run = "stand-in", lambda p: None, lambda a: 0
+        monkeypatch.setitem(sys.modules, "ptd.commands.train", fake)
+        monkeypatch.setattr(ptd.commands, "MODULES", list(ptd.commands.MODULES) + ["train"])
+    calls = []
+    monkeypatch.setattr(plan_cmd.subprocess, "call", lambda cmd: calls.append(cmd) or 3)
+    path = tmp_path / "run" / "plan.toml"
+    rc, out, _ = ptd_cli(*ARGS_TINY, "--steps", "2", "--run", "-o", str(path))
+    assert rc == 3  # ptd train's exit code is passed on
+    assert calls == [[sys.executable, "-m", "ptd", "train", "--config", str(path)]]
+    cfg = load_config(path)
+    cfg.validate(4)
+    assert cfg.steps == 2 and cfg.hardware == "cpu" and "wrote the ptd export" in out
+    rc, _, err = ptd_cli(*ARGS_TINY, "--run", "--export", "megatron")
+    assert rc == 2 and "--run writes a ptd config" in err

@@ -43,8 +43,7 @@ micro-batches on every rank.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from functools import lru_cache
-from typing import Literal
+from typing import Iterable, Literal
 
 from ..specs.hardware import DTYPE_BYTES
 from ..specs.model import ModelSpec
@@ -112,38 +111,42 @@ def model_state_elements(model: ModelSpec, plan: ParallelPlan, pp_rank: int,
                          dp_rank: int) -> ModelStates:
     """Exact element counts on one rank (``tp`` ranks are alike up to replicated tensors,
     which every tp rank holds in full)."""
-    plist = P.rank_params(model, plan, pp_rank)
-    local = [p.local_shape(plan.tp) for p in plist]
-    full = sum(_prod(s) for s in local)
+    full = P.local_numel(model, plan, pp_rank)
     if plan.zero >= 2:
-        sharded = P.fsdp_numel(local, plan.dp, dp_rank)
+        sharded = P.rank_fsdp_numel(model, plan, pp_rank, dp_rank)
     if plan.zero == 3:
         return ModelStates(sharded, sharded, sharded)
     if plan.zero == 2:
         return ModelStates(full, sharded, sharded)
     if plan.zero == 1:
-        return ModelStates(full, full, P.zero1_numel(plist, plan.tp, plan.dp)[dp_rank])
+        return ModelStates(full, full, P.rank_zero1_numel(model, plan, pp_rank)[dp_rank])
     return ModelStates(full, full, full)
 
 
-def _prod(s: tuple[int, ...]) -> int:
-    n = 1
-    for x in s:
-        n *= x
-    return n
-
-
-@lru_cache(maxsize=8192)
-def _max_state_elements(model: ModelSpec, plan: ParallelPlan) -> ModelStates:
-    """Element counts of the rank with the most model-state bytes."""
-    dps = range(plan.dp) if plan.zero == 1 else [0]  # torch.chunk gives rank 0 the most
+@P.memo_by_model
+def _max_state_elements(model: ModelSpec, key: tuple) -> ModelStates:
+    """Element counts of the rank with the most model-state bytes. ``key``: the layout
+    (:func:`ptd.cost.params.layout_plan`), tp, dp and ZeRO stage -- all they depend on."""
+    layout, tp, dp, zero = key
+    plan = P.layout_plan(layout, tp=tp, dp=dp, zero=zero)
     best, best_key = ModelStates(0, 0, 0), -1.0
+    seen = set()
     for r in range(plan.pp):
-        for d in dps:
-            e = model_state_elements(model, plan, r, d)
-            key = e.params + e.grads + 2.0 * e.optimizer
-            if key > best_key:
-                best, best_key = e, key
+        sig = P.rank_signature(model, plan, r)
+        if sig in seen:  # holds the same tensors as an earlier rank, which won any tie
+            continue
+        seen.add(sig)
+        if plan.zero == 1:  # every dp rank: ZeroRedundancyOptimizer's shares differ
+            full = P.local_numel(model, plan, r)
+            for o in P.rank_zero1_numel(model, plan, r):
+                k = full + full + 2.0 * o
+                if k > best_key:
+                    best, best_key = ModelStates(full, full, o), k
+            continue
+        e = model_state_elements(model, plan, r, 0)  # torch.chunk gives rank 0 the most
+        k = e.params + e.grads + 2.0 * e.optimizer
+        if k > best_key:
+            best, best_key = e, k
     return best
 
 
@@ -152,9 +155,7 @@ def model_state_bytes(model: ModelSpec, plan: ParallelPlan, convention: Conventi
     """(params, grads, optimizer) bytes on the most loaded rank, or on the given one."""
     pb, gb, ob = state_bytes_per_param(plan.dtype, convention)
     if pp_rank is None or dp_rank is None:
-        key = plan.replace(micro_batch=1, global_batch=plan.dp, recompute="none", sp=False,
-                           dtype="fp32", offload=False, grad_compression="none")
-        e = _max_state_elements(model, key)
+        e = _max_state_elements(model, (P.layout_key(plan), plan.tp, plan.dp, plan.zero))
     else:
         e = model_state_elements(model, plan, pp_rank, dp_rank)
     return e.params * pb, e.grads * gb, e.optimizer * ob
@@ -228,18 +229,35 @@ def output_transient_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp:
 def in_flight(plan: ParallelPlan, pp_rank: int) -> float:
     """Micro-batches whose activations a pipeline rank holds at its peak, in units of "one
     micro-batch through all of the rank's layers"."""
-    p, m, v = plan.pp, plan.n_microbatches, plan.stages_per_rank
+    return _in_flight(plan.pp, plan.n_microbatches, plan.stages_per_rank, plan.schedule, pp_rank)
+
+
+def _in_flight(p: int, m: int, v: int, schedule: str, pp_rank: int) -> float:
     if p == 1:
         return 1.0
-    if plan.schedule == "gpipe":
+    if schedule == "gpipe":
         return float(m)
-    if plan.schedule == "1f1b":
+    if schedule == "1f1b":
         return float(min(m, p - pp_rank))
-    if plan.schedule == "zero-bubble" and v == 2:
+    if schedule == "zero-bubble" and v == 2:
         return float(min(m, p))
     # interleaved 1F1B (and interleaved zero-bubble): chunk-micro-batches / chunks per rank
     chunks = min(m * v, 2 * (p - pp_rank - 1) + (v - 1) * p + 1)
     return chunks / v
+
+
+@P.memo_by_model
+def _held_layers(model: ModelSpec, layout: tuple, m: int, v: int, schedule: str
+                 ) -> tuple[tuple[float, ...], float | None]:
+    """Per pipeline rank, micro-batches in flight times blocks held (what multiplies one
+    block's activation bytes), and the largest of these over the ranks that hold neither the
+    embeddings nor the output layer (None if there are none)."""
+    p = layout[0]
+    layers = P.rank_layers_of(model, layout)
+    first, last = P.ends_of(layout)
+    held = tuple(_in_flight(p, m, v, schedule, r) * layers[r] for r in range(p))
+    plain = [h for r, h in enumerate(held) if r != first and r != last]
+    return held, (max(plain) if plain else None)
 
 
 def activation_bytes(model: ModelSpec, plan: ParallelPlan, attention: AttentionKind = "flash",
@@ -251,18 +269,27 @@ def activation_bytes(model: ModelSpec, plan: ParallelPlan, attention: AttentionK
     out_keep = output_activation_bytes(model, plan.seq_len, plan.micro_batch, plan.tp, plan.sp, ab)
     out_work = output_transient_bytes(model, plan.seq_len, plan.micro_batch, plan.tp)
     emb = ab * plan.seq_len * plan.micro_batch * model.hidden / (plan.tp if plan.sp else 1)
-    last = P.stage_to_rank(plan.n_stages - 1, plan)
-    first = P.stage_to_rank(0, plan)
+    layout = P.layout_key(plan)
+    first, last = P.ends_of(layout)
+    m, v = plan.n_microbatches, plan.stages_per_rank
+    held, plain = _held_layers(model, layout, m, v, plan.schedule)
     best = 0.0
-    for r in ([pp_rank] if pp_rank is not None else range(plan.pp)):
-        k = in_flight(plan, r)
-        total = k * P.rank_layers(model, plan, r) * per_layer
+    if pp_rank is None:
+        # every other rank differs only in what it holds; per_layer > 0 keeps the order
+        if plain is not None:
+            best = plain * per_layer
+        ranks: Iterable[int] = (first,) if first == last else (first, last)
+    else:
+        ranks = (pp_rank,)
+    for r in ranks:
+        k = _in_flight(plan.pp, m, v, plan.schedule, r)
+        total = held[r] * per_layer
         if r == first:
             total += k * emb if model.dropout > 0 else 0.0
         if r == last:
             # the last stage runs each micro-batch's backward right after its forward
             # (except GPipe, which keeps all of them)
-            n_out = plan.n_microbatches if (plan.pp > 1 and plan.schedule == "gpipe") else 1
+            n_out = m if (plan.pp > 1 and plan.schedule == "gpipe") else 1
             total += n_out * out_keep + out_work
         best = max(best, total)
     return best

@@ -28,6 +28,7 @@ With ``dp_overlap=False`` (frameworks that reduce after backward) all of it is e
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 from ..specs.hardware import DTYPE_BYTES, ClusterSpec
 from ..specs.layout import axis_node_split
@@ -73,10 +74,51 @@ class StepBreakdown:
         return max(parts, key=parts.get)  # type: ignore[arg-type]
 
 
+_MEMO: dict[tuple, tuple] = {}
+
+
+def _memo(fn, model: ModelSpec, hw, *args):  # type: ignore[no-untyped-def]
+    """``fn(model, hw, *args)``, remembered. Hardware specs hold dicts (unhashable), so the
+    key uses object identity, and the entry keeps both objects alive (an id is never reused
+    while its entry exists)."""
+    key = (fn, id(model), id(hw)) + args
+    hit = _MEMO.get(key)
+    if hit is not None and hit[0] is model and hit[1] is hw:
+        return hit[2]
+    if len(_MEMO) >= 8192:
+        _MEMO.clear()
+    value = fn(model, hw, *args)
+    _MEMO[key] = (model, hw, value)
+    return value
+
+
+_COLL: dict[tuple, tuple] = {}
+
+
+def _coll(kind: str, nbytes: float, n: int, hw, nodes: int = 1,  # type: ignore[no-untyped-def]
+          per_node: int | None = None) -> float:
+    """:func:`collective_time`, remembered (by the hardware's identity, as :func:`_memo`)."""
+    key = (kind, nbytes, n, id(hw), nodes, per_node)
+    hit = _COLL.get(key)
+    if hit is not None and hit[0] is hw:
+        return hit[1]
+    if len(_COLL) >= 16384:
+        _COLL.clear()
+    value = collective_time(kind, nbytes, n, hw, nodes, per_node)
+    _COLL[key] = (hw, value)
+    return value
+
+
 def _group(plan: ParallelPlan, cluster: ClusterSpec, axis: str) -> tuple[int, int, int]:
     n = {"tp": plan.tp, "dp": plan.dp, "pp": plan.pp}[axis]
-    nodes, per_node = axis_node_split(axis, plan, cluster.devices_per_node)  # type: ignore[arg-type]
+    nodes, per_node = _node_split(axis, plan.dp, plan.tp, plan.pp, cluster.devices_per_node)
     return n, nodes, per_node
+
+
+@lru_cache(maxsize=4096)
+def _node_split(axis: str, dp: int, tp: int, pp: int, devices_per_node: int) -> tuple[int, int]:
+    """:func:`axis_node_split`, memoised (placement depends on the degrees alone)."""
+    return axis_node_split(axis, ParallelPlan(dp=dp, tp=tp, pp=pp), devices_per_node)  # type: ignore[arg-type]
 
 
 def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
@@ -87,24 +129,25 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     s, mb, m = plan.seq_len, plan.micro_batch, plan.n_microbatches
     tokens = s * mb
     bw, ovh = cluster.memory_bandwidth, cluster.op_overhead
-    blk = C.block_time(model, hw, s, mb, plan.tp, plan.sp, plan.dtype, rate, attention, bw, ovh)
-    out_f, out_b = C.output_time(model, hw, tokens, plan.tp, plan.dtype, rate, bw, ovh)
+    blk = _memo(C.block_time, model, hw, s, mb, plan.tp, plan.sp, plan.dtype, rate, attention, bw, ovh)
+    out_f, out_b = _memo(C.output_time, model, hw, tokens, plan.tp, plan.dtype, rate, bw, ovh)
 
     # tensor-parallel collectives, per block and per micro-batch
     tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")
     act = ab * tokens * model.hidden
-    ar = collective_time("all_reduce", act, tp_n, hw, tp_nodes, tp_per)
+    ar = _coll("all_reduce", act, tp_n, hw, tp_nodes, tp_per)
     tp_block_f = 2 * ar
     tp_block_b = 2 * ar + (2 * ar if plan.recompute == "full" else 0.0)
     tp_emb = ar  # vocabulary-parallel embedding output
-    tp_out_f = (ar if plan.sp else 0.0) + 2 * collective_time("all_reduce", 4 * tokens, tp_n, hw, tp_nodes, tp_per)
+    tp_out_f = (ar if plan.sp else 0.0) + 2 * _coll("all_reduce", 4 * tokens, tp_n, hw, tp_nodes, tp_per)
     tp_out_b = ar
 
     # per pipeline rank: compute and tp time of one micro-batch through all its chunks
     first, last = P.stage_to_rank(0, plan), P.stage_to_rank(plan.n_stages - 1, plan)
     worst = None
-    for r in range(plan.pp):
-        nl = P.rank_layers(model, plan, r)
+    layers = P.layers_per_rank(model, plan)
+    for r in P.heaviest_rank_candidates(model, plan):
+        nl = layers[r]
         f = nl * blk.forward + (out_f if r == last else 0.0)
         b = nl * blk.backward + (out_b if r == last else 0.0)
         rc = nl * blk.recompute(plan.recompute)
@@ -127,7 +170,7 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
         bubble = fill * per_mb
         pp_n, pp_nodes, _ = _group(plan, cluster, "pp")
         p2p_bytes = act / (plan.tp if plan.sp else 1)
-        t_p2p = collective_time("send_recv", p2p_bytes, 2, hw, 2 if pp_nodes > 1 else 1)
+        t_p2p = _coll("send_recv", p2p_bytes, 2, hw, 2 if pp_nodes > 1 else 1)
         pp_comm = 2 * (m * v + p - 1) * t_p2p
     else:
         bubble = pp_comm = 0.0
@@ -143,15 +186,15 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     opt_comm = 0.0
     if dp_n > 1:
         if plan.zero <= 1:
-            t_ar = collective_time("all_reduce", grad_bytes, dp_n, hw, dp_nodes, dp_per)
+            t_ar = _coll("all_reduce", grad_bytes, dp_n, hw, dp_nodes, dp_per)
             last_bucket = t_ar * min(1.0, DDP_BUCKET_BYTES / grad_bytes)
             dp_total = t_ar
             dp_exposed = max(last_bucket, t_ar - bwd_window)
             if plan.zero == 1:  # ZeroRedundancyOptimizer broadcasts updated shards
-                opt_comm = collective_time("all_gather", local * 4, dp_n, hw, dp_nodes, dp_per)
+                opt_comm = _coll("all_gather", local * 4, dp_n, hw, dp_nodes, dp_per)
         else:
-            ag_block = collective_time("all_gather", block_params * ab, dp_n, hw, dp_nodes, dp_per)
-            rs_block = collective_time("reduce_scatter", block_params * 4, dp_n, hw, dp_nodes, dp_per)
+            ag_block = _coll("all_gather", block_params * ab, dp_n, hw, dp_nodes, dp_per)
+            rs_block = _coll("reduce_scatter", block_params * 4, dp_n, hw, dp_nodes, dp_per)
             gathers = m * nl * (2 if plan.zero == 3 else 1)  # ZeRO-3 gathers again for backward
             dp_total = gathers * ag_block + nl * rs_block
             blk_f = blk.forward + 2 * ar

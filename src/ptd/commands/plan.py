@@ -1,0 +1,257 @@
+"""ptd plan: the fastest plan that fits, found by searching every layout with the cost model.
+
+Searches every dp*tp*pp factorisation of --gpus (tp inside a node unless
+--allow-tp-across-nodes), ZeRO stage, sequence parallelism, pipeline schedule and virtual
+stages, micro-batch and recomputation; removes what is invalid or does not fit, with the
+reason; ranks the rest by --objective. Prints the top plans, the memory-versus-time Pareto
+front and the rejected counts; --explain says why the winner has each value.
+
+Examples:
+  ptd plan --model llama3.1-405b --hardware h100-sxm --gpus 16384 --global-batch 2048 --seq-len 8192
+  ptd plan --model llama3-70b --gpus 64 --fix tp=8,zero=1 --explain
+  ptd plan --model llama3-8b --gpus 8 --objective memory --json
+  ptd plan --model llama3-8b --gpus 64 --export megatron > megatron_args.txt
+  ptd plan --model small --hardware cpu --gpus 4 --seq-len 256 --global-batch 32 --run
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from ..cli import emit_json, nonneg_int, positive_int
+from ..errors import PtdError
+from ..fmt import duration, gib, pct, si, table
+from .estimate import add_plan_flags, default_seq_len, resolve
+
+HELP = "search every parallel layout for the fastest plan that fits (instant, no torch)"
+
+MEM_SHORT = {"params": "params", "grads": "grads", "optimizer": "optimizer",
+             "activations": "activations", "buffers": "buffers"}
+STEP_SHORT = {"compute": "compute", "tp_comm": "tp comm", "pp_comm": "pp comm",
+              "dp_comm_exposed": "dp comm", "bubble": "bubble", "optimizer": "optimizer"}
+
+
+def add(p: argparse.ArgumentParser) -> None:
+    add_plan_flags(p)
+    p.add_argument("--top", type=positive_int, default=10, help="plans to show (10)")
+    p.add_argument("--objective", choices=["throughput", "memory", "time-to-train"],
+                   default="throughput",
+                   help="rank by tokens/s (default), by least memory per device, or by time "
+                        "to train --tokens (the same order as throughput)")
+    p.add_argument("--fix", action="append", default=[], metavar="FIELD=VALUE,...",
+                   help="hold plan fields: dp, tp, pp, vpp, zero, sp, micro_batch (mb), "
+                        "recompute (rc), schedule, offload, uneven_stages, grad_compression")
+    p.add_argument("--allow-tp-across-nodes", action="store_true",
+                   help="let tensor parallelism span nodes")
+    p.add_argument("--explain", action="store_true",
+                   help="for the winner, what each alternative value would cost")
+    p.add_argument("--pareto", type=nonneg_int, default=10, metavar="N",
+                   help="Pareto-front points to show (10; --json has all)")
+    p.add_argument("--export", choices=["ptd", "torchtitan", "megatron", "deepspeed"],
+                   help="write the winner for ptd train --config, torchtitan, Megatron-LM or "
+                        "DeepSpeed (to stdout, or to --output)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="write the export (or, with --run, the ptd config) here")
+    p.add_argument("--steps", type=positive_int, help="training steps in the export (100)")
+    p.add_argument("--run", action="store_true",
+                   help="plan for this machine (--hardware cpu or a calibrated profile) and "
+                        "start ptd train with the winner")
+
+
+def run(a: argparse.Namespace) -> int:
+    from ..cost.estimate import default_global_batch
+    from ..planner.search import parse_fix, search
+
+    if a.run:
+        from . import MODULES
+        if "train" not in MODULES:
+            raise PtdError("--run starts `ptd train`, which this installation of ptd does not "
+                           "have yet")
+        if a.export not in (None, "ptd"):
+            raise PtdError("--run writes a ptd config; export other formats in a separate call")
+    fixed = parse_fix(a.fix)
+    model, cluster, opts = resolve(a)
+    seq = a.seq_len or default_seq_len(model)
+    gb = a.global_batch or default_global_batch(seq, 1)
+    res = search(model, cluster, gb, seq, dtype=a.dtype, fixed=fixed, objective=a.objective,
+                 tokens=a.tokens, options=opts, allow_tp_across_nodes=a.allow_tp_across_nodes)
+    win = res.best  # raises "no plan fits: ..." when nothing does
+    dims = None
+    if a.explain:
+        from ..planner.explain import explain
+        dims = explain(res)
+
+    text = None
+    fmt = "ptd" if a.run else a.export
+    if fmt:
+        from ..planner.export import export
+        text = export(win, fmt, hardware=a.hardware, steps=a.steps, options=opts)
+    path = None
+    if text is not None and (a.output or a.run):
+        path = Path(a.output or "runs/plan.toml")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        except OSError as e:
+            raise PtdError(f"cannot write {path}: {e.strerror}") from None
+
+    if a.json:
+        emit_json(to_json(res, a.top, dims, fmt, text, path))
+    elif text is not None and path is None:
+        sys.stdout.write(text)  # the export alone, to redirect
+    else:
+        print(render(res, a.top, a.pareto, dims))
+        if path is not None:
+            print(f"\nwrote the {fmt} export of plan #1 to {path}")
+
+    if a.run:
+        cmd = [sys.executable, "-m", "ptd", "train", "--config", str(path)]
+        print("running: " + " ".join(cmd[1:]), flush=True)
+        return subprocess.call(cmd)
+    return 0
+
+
+# --------------------------------------------------------------------- output
+def short(plan) -> str:  # type: ignore[no-untyped-def]
+    """describe() without the global batch (the same for every plan of a search)."""
+    return plan.describe().replace(f" gb{plan.global_batch}", "")
+
+
+def _mem(e) -> str:  # type: ignore[no-untyped-def]
+    m = e.memory
+    return f"{gib(m.total)} ({MEM_SHORT[m.largest]} {pct(getattr(m, m.largest) / m.total, 0)})"
+
+
+def _step(e) -> str:  # type: ignore[no-untyped-def]
+    s = e.step
+    return f"{duration(s.total)} ({STEP_SHORT[s.largest]} {pct(getattr(s, s.largest) / s.total, 0)})"
+
+
+def render(res, top: int, pareto: int, dims=None) -> str:  # type: ignore[no-untyped-def]
+    from ..planner.pareto import pareto_front, thin
+
+    m, c = res.model, res.cluster
+    win = res.best
+    n_rej = sum(res.plans_rejected.values())
+    lines = [
+        f"{m.name} ({si(m.param_count())} params) on {c.n_devices} x {c.hardware.name} "
+        f"({c.n_nodes} node{'s' if c.n_nodes > 1 else ''} of {c.devices_per_node}); global batch "
+        f"{res.global_batch} x {res.seq_len} tokens, {res.dtype}",
+        f"searched {res.plans_considered} plans in {res.layouts_considered} "
+        f"layout{'s' if res.layouts_considered != 1 else ''} (dp x tp x pp) "
+        f"in {res.elapsed_s:.2f} s: {res.plans_fit} fit, {n_rej} rejected; objective "
+        f"{res.objective}" + (f"; fixed {', '.join(f'{k}={v}' for k, v in res.fixed.items())}"
+                              if res.fixed else ""),
+    ]
+    ttt = f"time to train {si(win.tokens)} tok"
+    rows = [(i + 1, short(e.plan), _mem(e), _step(e), si(e.tokens_per_s), pct(e.mfu),
+             duration(e.time_to_train_s)) for i, e in enumerate(res.top(top))]
+    lines += ["", f"top {len(rows)} of {res.plans_fit} plans that fit",
+              table(rows, header=("#", "plan", "memory/device", "step time", "tokens/s", "MFU", ttt),
+                    align="rlllrrr")]
+    front = pareto_front(res.ranked)
+    shown = thin(front, pareto)
+    if shown:
+        prow = [(gib(e.memory.total), duration(e.step.total), si(e.tokens_per_s), short(e.plan))
+                for e in shown]
+        lines += ["", f"memory vs step time: Pareto front of {len(front)} plan"
+                      f"{'s' if len(front) != 1 else ''}"
+                      + (f" ({len(shown)} shown)" if len(shown) < len(front) else ""),
+                  table(prow, header=("memory/device", "step time", "tokens/s", "plan"),
+                        align="rrrl")]
+    rej = [(r, n) for r, n in res.plans_rejected.most_common()]
+    rej += [(f"{r} [layouts]", n) for r, n in res.layouts_rejected.most_common()]
+    if rej:
+        lines += ["", "rejected", table(rej, header=("reason", "count"), align="lr")]
+    if dims is not None:
+        lines += ["", render_explain(res, dims)]
+    return "\n".join(lines)
+
+
+def _delta(e, win) -> str:  # type: ignore[no-untyped-def]
+    dt = e.step.total / win.step.total - 1
+    dm = (e.memory.total - win.memory.total) / 2**30
+    return f"{'+' if dt >= 0 else ''}{100 * dt:.1f}% time, {'+' if dm >= 0 else ''}{dm:.1f} GiB"
+
+
+def render_explain(res, dims, per_dim: int = 3) -> str:  # type: ignore[no-untyped-def]
+    from ..planner.search import NO_FIT
+    win = res.best
+    cap = res.cluster.hardware.memory_bytes
+    rows = []
+    held = set(res.fixed) | ({"schedule"} if "vpp" in res.fixed else set())
+    for d in dims:
+        first = True
+        shown = d.alternatives[:per_dim]
+        for alt in shown or [None]:
+            if alt is None:
+                rows.append((d.name, _val(d.value),
+                             "(held by --fix)" if d.name in held else "(no other value)", "", ""))
+                break
+            if alt.best is not None:
+                best = _delta(alt.best, win) + "  " + short(alt.best.plan)
+            elif alt.reason == NO_FIT and alt.least_memory is not None:
+                best = f"no plan fits (needs >= {gib(alt.least_memory)} of {gib(cap)})"
+            else:
+                best = f"no plan: {alt.reason}"
+            if alt.alone is not None and alt.alone_reason is None:
+                alone = _delta(alt.alone, win)
+            elif alt.alone is not None:
+                alone = f"does not fit ({gib(alt.alone.memory.total)})"
+            elif alt.alone_reason:
+                alone = alt.alone_reason if len(alt.alone_reason) < 60 else alt.alone_reason[:57] + "..."
+            else:
+                alone = "-"
+            rows.append((d.name if first else "", _val(d.value) if first else "",
+                         f"{d.name}={_val(alt.value)}", alone, best))
+            first = False
+        if len(d.alternatives) > per_dim:
+            rows.append(("", "", f"(+{len(d.alternatives) - per_dim} more)", "", ""))
+    head = (f"why plan #1 ({short(win.plan)}): each alternative value, with only it changed "
+            f"('alone'), and the best plan that has it (everything else chosen again)")
+    return head + "\n" + table(rows, header=("dimension", "value", "alternative", "alone",
+                                             "best plan with it"), align="lllll")
+
+
+def _val(v) -> str:  # type: ignore[no-untyped-def]
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    return str(v)
+
+
+def to_json(res, top: int, dims, fmt, text, path) -> dict:  # type: ignore[no-untyped-def]
+    from ..planner.pareto import pareto_front
+    m, c = res.model, res.cluster
+    front = pareto_front(res.ranked)
+    out = {
+        "model": m.name,
+        "hardware": c.hardware.name,
+        "gpus": c.n_devices,
+        "gpus_per_node": c.devices_per_node,
+        "global_batch": res.global_batch,
+        "seq_len": res.seq_len,
+        "dtype": res.dtype,
+        "objective": res.objective,
+        "fixed": res.fixed,
+        "search": {
+            "layouts_considered": res.layouts_considered,
+            "layouts_rejected": dict(res.layouts_rejected.most_common()),
+            "plans_considered": res.plans_considered,
+            "plans_fit": res.plans_fit,
+            "plans_rejected": dict(res.plans_rejected.most_common()),
+            "elapsed_s": res.elapsed_s,
+        },
+        "top": [e.to_json() for e in res.top(top)],
+        "pareto": [{"plan": e.plan.describe(), "memory_bytes": e.memory.total,
+                    "step_time_s": e.step.total, "tokens_per_s": e.tokens_per_s}
+                   for e in front],
+    }
+    if dims is not None:
+        from ..planner.explain import to_json as explain_json
+        out["explain"] = explain_json(dims, res.best)
+    if fmt:
+        out["export"] = {"format": fmt, "path": str(path) if path else None, "text": text}
+    return out

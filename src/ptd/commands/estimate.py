@@ -132,7 +132,8 @@ def render(e) -> str:
     rows = [(k, gib(getattr(mem, k)), pct(getattr(mem, k) / mem.total if mem.total else 0))
             for k in ("params", "grads", "optimizer", "activations", "buffers")]
     rows.append(("total", gib(mem.total),
-                 f"{'fits' if mem.fits else 'DOES NOT FIT'} in {gib(c.hardware.memory_bytes)}"))
+                 f"{'fits' if mem.fits else 'DOES NOT FIT'} in {gib(c.hardware.usable_memory)}"
+                 + (f" of {gib(c.hardware.memory_bytes)}" if c.hardware.memory_reserved else "")))
     lines += ["", "memory per device", table(rows, header=("part", "bytes", "share"), align="lrr")]
     st = e.step
     rows = [(k, duration(getattr(st, k)), pct(getattr(st, k) / st.total))

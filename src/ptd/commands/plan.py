@@ -180,7 +180,7 @@ def _delta(e, win) -> str:  # type: ignore[no-untyped-def]
 def render_explain(res, dims, per_dim: int = 3) -> str:  # type: ignore[no-untyped-def]
     from ..planner.search import NO_FIT
     win = res.best
-    cap = res.cluster.hardware.memory_bytes
+    cap = res.cluster.hardware.usable_memory
     rows = []
     held = set(res.fixed) | ({"schedule"} if "vpp" in res.fixed else set())
     for d in dims:

@@ -94,7 +94,7 @@ class Estimate:
             "params": self.model.param_count(),
             "flops_per_token": {"model": self.flops.model, "hardware": self.flops.hardware},
             "memory_per_device_bytes": {k: v for k, v in self.memory.to_dict().items()},
-            "memory_capacity_bytes": self.cluster.hardware.memory_bytes,
+            "memory_capacity_bytes": self.cluster.hardware.usable_memory,
             "fits": self.memory.fits,
             "step_time_s": self.step.to_dict(),
             "tokens_per_s": self.tokens_per_s,
@@ -121,7 +121,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     if validate:
         plan.validate(model, cluster.n_devices)
     fl = flops_per_token(model, plan.seq_len, plan.recompute)
-    mem = memory(model, plan, cluster.hardware.memory_bytes, options.convention,
+    mem = memory(model, plan, cluster.hardware.usable_memory, options.convention,
                  options.attention, options.gqa_expanded)
     st = step_time(model, plan, cluster, options.attention, options.dp_overlap)
     d = float(tokens) if tokens else 20.0 * model.param_count()

@@ -175,7 +175,7 @@ class SearchResult:
         return objective_key(self.objective, e)
 
     def no_fit_message(self) -> str:
-        cap = self.cluster.hardware.memory_bytes
+        cap = self.cluster.hardware.usable_memory
         parts = [f"no plan fits: {self.plans_considered} plans in {self.layouts_considered} "
                  f"layouts considered"]
         if self.least_memory is not None:
@@ -204,7 +204,7 @@ class _Pricer:
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, options: CostOptions,
                  tokens: float | None, seq_len: int):
         self.model, self.cluster, self.options = model, cluster, options
-        self.capacity = cluster.hardware.memory_bytes
+        self.capacity = cluster.hardware.usable_memory
         self.tokens = float(tokens) if tokens else 20.0 * model.param_count()
         self.flops = {rc: flops_per_token(model, seq_len, rc) for rc in RECOMPUTE}
 

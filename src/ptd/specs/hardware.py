@@ -75,7 +75,7 @@ class HardwareSpec:
     peak_flops: dict[str, float]
     """Dense peak FLOP/s per dtype (``fp32``, ``tf32``, ``bf16``, ``fp16``, ``fp8``)."""
     memory_bytes: float
-    """Device memory usable for training, bytes."""
+    """Device memory, bytes."""
     memory_bandwidth: float
     """Device memory bandwidth, bytes/s."""
     intra_node: LinkSpec
@@ -96,6 +96,9 @@ class HardwareSpec:
     (launches are asynchronous and hide behind large kernels); measured on CPU."""
     host_bandwidth: float = 25 * G
     """Device-host link (PCIe) bytes/s, used for CPU offload."""
+    memory_reserved: float = 0.0
+    """Bytes of device memory training cannot use: the CUDA context, NCCL communicator
+    buffers, library workspaces. A plan fits if its total is at most ``usable_memory``."""
     sparse_peak_flops: dict[str, float] = field(default_factory=dict)
     """Vendor 2:4-sparse peaks, for display only: never an MFU denominator."""
     gemm_flops_measured: dict[str, dict[int, float]] = field(default_factory=dict)
@@ -117,6 +120,8 @@ class HardwareSpec:
         for f in ("memory_bytes", "memory_bandwidth", "host_bandwidth"):
             if getattr(self, f) <= 0:
                 raise PtdError(f"hardware {self.name}: {f} must be positive")
+        if not 0 <= self.memory_reserved < self.memory_bytes:
+            raise PtdError(f"hardware {self.name}: memory_reserved must be in [0, memory_bytes)")
         if self.devices_per_node < 1:
             raise PtdError(f"hardware {self.name}: devices_per_node must be at least 1")
         for f in ("gemm_efficiency", "memory_efficiency", "attention_efficiency"):
@@ -141,6 +146,11 @@ class HardwareSpec:
         """
         return _per_worker(self.gemm_flops_measured.get(dtype, {}), workers_per_node,
                            self.peak(dtype) * self.gemm_efficiency, share=True)
+
+    @property
+    def usable_memory(self) -> float:
+        """``memory_bytes - memory_reserved``: what a plan's memory must fit in."""
+        return self.memory_bytes - self.memory_reserved
 
     @property
     def effective_memory_bandwidth(self) -> float:
@@ -255,11 +265,14 @@ def _gpu(name: str, *, fp32: float, tf32: float, bf16: float, fp8: float | None,
         name=name, peak_flops=peak, memory_bytes=mem_gib * GiB, memory_bandwidth=bw,
         intra_node=LinkSpec(nvlink, 5e-6, 0.8), inter_node=LinkSpec(nic, 10e-6, 0.8),
         devices_per_node=node, gemm_efficiency=gemm_eff, memory_efficiency=mem_eff,
+        memory_reserved=2 * GiB,
         attention_efficiency=min(1.0, attn_peak_frac / gemm_eff),
         host_bandwidth=pcie,
         sparse_peak_flops={k: 2 * v for k, v in peak.items() if k in ("tf32", "bf16", "fp16", "fp8")},
         sources={"peaks": spec_src, "gemm_efficiency": gemm_src, "memory_efficiency": mem_src,
                  "attention_efficiency": attn_src,
+                 "memory_reserved": "assumed: ~2 GiB for the CUDA context (~0.5 GiB), NCCL "
+                                    "buffers and cuBLAS/cuDNN workspaces",
                  "link_efficiency": _BUSBW, "latency": "assumed: 5 us NVLink, 10 us network hop"})
 
 

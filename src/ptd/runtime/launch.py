@@ -110,8 +110,12 @@ def start_workers(cfg: TrainConfig, config_path: Path, nproc: int) -> int:
     rc = subprocess.run(cmd, env=worker_env(cfg)).returncode
     if rc != 0:
         failures = failed_workers(log_dir)
-        detail = "; ".join(failures) if failures else "see the worker output above"
-        print(f"ptd: error: training failed (torchrun exit code {rc}): {detail}", file=sys.stderr)
+        if failures:
+            more = f" (and {len(failures) - 1} later)" if len(failures) > 1 else ""
+            detail = f"earliest worker error: {failures[0]}{more}"
+        else:
+            detail = "no worker left an error file (killed by a signal?); see torchrun's report above"
+        print(f"ptd: error: training failed (torchrun exit code {rc}); {detail}", file=sys.stderr)
         return rc if rc > 0 else 1
     return 0
 

@@ -40,13 +40,11 @@ def cache_dir() -> Path:
 
 def stdlib_files() -> list[Path]:
     """The standard library's ``.py`` files, sorted, excluding installed packages."""
-    root = Path(sysconfig.get_paths()["stdlib"])
+    root = sysconfig.get_paths()["stdlib"]
     out = []
-    for p in root.rglob("*.py"):
-        rel = p.relative_to(root).parts
-        if "site-packages" in rel or "dist-packages" in rel or not p.is_file():
-            continue
-        out.append(p)
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in ("site-packages", "dist-packages")]
+        out.extend(Path(folder, f) for f in files if f.endswith(".py"))
     return sorted(out)
 
 

@@ -11,7 +11,8 @@ gets a logger that does nothing, so the trainer never asks who it is.
 (the update was skipped for a non-finite loss), and ``val_loss`` on evaluation steps.
 
 ``summary.json``: ``status`` (``ok`` or ``stopped: non-finite loss``), ``steps``,
-``first_loss``, ``last_loss``, ``min_loss``, ``loss_curve`` (``[step, loss]`` at five
+``first_loss``, ``last_loss``, ``min_loss``, ``last10_loss`` (mean of the last ten logged
+steps: less noisy than the last one), ``loss_curve`` (``[step, loss]`` at five
 points), ``tokens``, ``tokens_per_s`` (tokens over time of every step but the first, which
 carries warm-up), ``step_time_s_mean`` (likewise), ``wall_time_s`` (from worker start to
 end, set-up included), ``train_time_s``, ``world_size``, ``plan``, ``plan_desc``, ``model``,
@@ -44,6 +45,8 @@ def summarize(records: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         "first_loss": records[0]["loss"] if records else None,
         "last_loss": records[-1]["loss"] if records else None,
         "min_loss": min(r["loss"] for r in records) if records else None,
+        "last10_loss": (sum(r["loss"] for r in records[-10:]) / len(records[-10:])
+                        if records else None),
         "loss_curve": loss_curve(records),
         "tokens": records[-1]["tokens"] if records else 0,
         "tokens_per_s": sum(r["step_tokens"] for r in steady) / time_s if time_s else None,
@@ -62,8 +65,9 @@ def final_words(s: dict[str, Any]) -> str:
     lines = [
         f"ptd: {s['steps']} steps in {s['wall_time_s']:.1f} s on {s['world_size']} worker(s) "
         f"({s['plan_desc']}, {s['model']}, {s['dtype']}, {s['device']})",
-        f"ptd: loss {s['first_loss']:.3f} -> {s['last_loss']:.3f} (min {s['min_loss']:.3f}); "
-        f"curve (step: loss) {curve}",
+        f"ptd: loss {s['first_loss']:.3f} -> {s['last_loss']:.3f} (mean of the last 10 steps "
+        f"{s['last10_loss']:.3f}, min {s['min_loss']:.3f})",
+        f"ptd: loss curve (step: loss) {curve}",
         f"ptd: {s['tokens_per_s']:,.0f} tokens/s, {s['step_time_s_mean']:.3f} s/step "
         f"(mean after step 1); {s['tokens']:,} tokens",
     ]

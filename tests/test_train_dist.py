@@ -138,3 +138,13 @@ def test_crashing_worker_fails_the_run_with_its_error(home, tmp_path):
     assert last.startswith("ptd: error: training failed") and "rank 1" in last
     metrics = losses(tmp_path / "crash")
     assert len(metrics) == 2  # steps 1 and 2 ran; nothing after the crash
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 30)
+def test_hanging_worker_becomes_an_error_after_the_timeout(home, tmp_path):
+    # Rank 1 stops answering at step 2; rank 0's collective gives up after --timeout 5.
+    r = train(tmp_path / "hang", "--nproc", "2", "--micro-batch", "4", "--timeout", "5",
+              home=home, extra_env={"PTD_FAULT": "hang:rank=1:step=2"})
+    assert r.returncode != 0
+    assert "Timed out" in r.stderr or "timed out" in r.stderr.lower()
+    assert r.stderr.strip().splitlines()[-1].startswith("ptd: error: training failed")

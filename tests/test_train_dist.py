@@ -45,6 +45,10 @@ def losses(out):
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def grad_norms(out):
+    return [json.loads(line)["grad_norm"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 def params(out, which="final"):
     return torch.load(out / f"params_{which}.pt")
 
@@ -56,6 +60,10 @@ def assert_same_run(run, ref):
     assert len(la) == len(lb) == 10
     for step, (a, b) in enumerate(zip(la, lb), 1):
         assert abs(a - b) <= 1e-5 * abs(b), f"step {step}: {a} vs {b}"
+    # The global gradient norm (summed over FSDP shards) is the single process's; it is above
+    # the clipping threshold 1.0 early on, so clipping is exercised.
+    assert grad_norms(run) == pytest.approx(grad_norms(ref), rel=1e-4)
+    assert grad_norms(ref)[0] > 1.0
     pa, pb = params(run), params(ref)
     assert set(pa) == set(pb)
     diff = math.sqrt(sum(float(((pa[k].double() - pb[k].double()) ** 2).sum()) for k in pb))

@@ -94,13 +94,15 @@ class TrainConfig:
     model: ModelSpec = field(default_factory=lambda: get_preset("small"))
     """The model (preset ``small`` by default: a ~3M-parameter Llama-style model)."""
     plan: ParallelPlan = field(default_factory=lambda: ParallelPlan(
-        dp=4, micro_batch=4, global_batch=32, seq_len=256))
+        dp=4, micro_batch=4, global_batch=16, seq_len=256))
     """The parallel layout; its world size is the number of workers."""
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(warmup_steps=20))
+    """AdamW; the default run warms up over its first 10% of steps."""
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    steps: int = 100
-    """Optimizer steps to run."""
+    steps: int = 200
+    """Optimizer steps to run (the default run: ~3 minutes with 4 workers on 2 CPU cores,
+    819,200 tokens; see README, "Training")."""
     seed: int = 0
     """Seeds weights, data order and dropout: the same seed gives the same run on any layout."""
     out: str = "runs/latest"

@@ -1,0 +1,104 @@
+"""ptd train: train a transformer with a parallel plan on torch.distributed.
+
+The defaults (src/ptd/specs/config.py) train the `small` Llama-style model on the Python
+standard library's own source files with 4 workers. Flags override `--config FILE.toml`,
+which overrides the defaults; the fully resolved config is written to OUT/config.toml, and
+`ptd train --config OUT/config.toml` repeats the run.
+
+  ptd train                                          # the default run, 4 workers
+  ptd train --nproc 2 --zero 3 --model tiny --steps 20
+  ptd train --nproc 1 --dtype bf16 --recompute full --data 'docs/**/*.md'
+  ptd train --config run.toml --dry-run --nproc 16   # validate and write OUT/config.toml only
+
+With --nproc N (default: the plan's world size) N workers start on this host through
+torchrun, one intra-op thread each unless --threads says otherwise; --nproc without --dp
+sets dp = N/(tp*pp). For several nodes, run torchrun yourself on each node with the written
+config (see README, "Training"). Output in OUT (--out, default runs/latest):
+metrics.jsonl (one line per step), summary.json, config.toml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from ..cli import nonneg_int, positive_float, positive_int, fraction
+from ..errors import PtdError
+
+HELP = "train a model with a parallel plan (torchrun; gloo on CPU, NCCL on GPU)"
+
+
+def add(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML config (see OUT/config.toml of any run)")
+    p.add_argument("--nproc", type=positive_int, help="workers on this host (default: dp*tp*pp)")
+    p.add_argument("--model", help="preset, model .toml, or Hugging Face config.json/folder")
+    g = p.add_argument_group("plan")
+    g.add_argument("--dp", type=positive_int, help="data-parallel replicas")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3),
+                   help="0 DDP, 1 sharded optimizer states, 2 +gradients (FSDP), 3 +parameters")
+    g.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch per replica")
+    g.add_argument("--global-batch", type=positive_int, help="sequences per optimizer step")
+    g.add_argument("--seq-len", type=positive_int, help="tokens per sequence")
+    g.add_argument("--recompute", choices=("none", "selective", "full"), help="activation checkpointing")
+    g.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), help="compute precision")
+    g.add_argument("--offload", action="store_true", default=None,
+                   help="keep sharded states in host memory (zero 2/3)")
+    g.add_argument("--grad-compression", choices=("none", "fp16", "powersgd"),
+                   help="DDP gradient compression hook (lossy)")
+    o = p.add_argument_group("run")
+    o.add_argument("--steps", type=positive_int, help="optimizer steps")
+    o.add_argument("--lr", type=positive_float, help="peak learning rate")
+    o.add_argument("--warmup", type=nonneg_int, help="linear warm-up steps")
+    o.add_argument("--seed", type=nonneg_int, help="seeds weights and data order")
+    o.add_argument("--data", action="append", metavar="PATH",
+                   help="text file, folder, glob or uint16 .bin (repeatable; default: Python stdlib)")
+    o.add_argument("--val-fraction", type=fraction, help="tail of the data held out for validation")
+    o.add_argument("--eval-every", type=nonneg_int, help="validation loss every N steps")
+    o.add_argument("--out", metavar="DIR", help="output folder (default runs/latest)")
+    o.add_argument("--compile", action="store_true", default=None, help="torch.compile each block")
+    o.add_argument("--threads", type=positive_int, help="intra-op threads per worker (1)")
+    o.add_argument("--timeout", type=positive_float, help="collective timeout, seconds (300)")
+    o.add_argument("--max-restarts", type=nonneg_int, help="torchrun --max-restarts (0)")
+    o.add_argument("--log-every", type=positive_int, help="metrics every N steps (1)")
+    o.add_argument("--dry-run", action="store_true",
+                   help="validate and write OUT/config.toml, start nothing (--nproc = total world)")
+
+
+_PLAN_FLAGS = ("dp", "zero", "micro_batch", "global_batch", "seq_len", "recompute", "dtype",
+               "offload", "grad_compression")
+_TOP_FLAGS = {"steps": "steps", "seed": "seed", "out": "out", "compile": "compile",
+              "threads": "threads", "timeout": "timeout_s", "max_restarts": "max_restarts",
+              "log_every": "log_every", "eval_every": "eval_every"}
+
+
+def resolve(a: argparse.Namespace):  # -> tuple[TrainConfig, int]
+    """Defaults < --config < flags; returns the config and the number of workers."""
+    from ..specs import TrainConfig, load_config, load_model
+    cfg = load_config(a.config) if a.config else TrainConfig()
+    if a.model:
+        cfg = cfg.replace(model=load_model(a.model))
+    plan = cfg.plan.replace(**{k: getattr(a, k) for k in _PLAN_FLAGS if getattr(a, k) is not None})
+    if a.nproc is not None and a.dp is None:
+        per_replica = plan.tp * plan.pp
+        if a.nproc % per_replica:
+            raise PtdError(f"--nproc {a.nproc} is not divisible by tp*pp = {per_replica}")
+        plan = plan.replace(dp=a.nproc // per_replica)
+    optim = cfg.optim
+    if a.lr is not None:
+        optim = dataclasses.replace(optim, lr=a.lr)
+    if a.warmup is not None:
+        optim = dataclasses.replace(optim, warmup_steps=a.warmup)
+    data = cfg.data
+    if a.data:
+        data = dataclasses.replace(data, paths=tuple(a.data))
+    if a.val_fraction is not None:
+        data = dataclasses.replace(data, val_fraction=a.val_fraction)
+    top = {field: getattr(a, flag) for flag, field in _TOP_FLAGS.items() if getattr(a, flag) is not None}
+    cfg = cfg.replace(plan=plan, optim=optim, data=data, **top)
+    return cfg, a.nproc if a.nproc is not None else plan.world_size
+
+
+def run(a: argparse.Namespace) -> int:
+    from ..runtime.launch import train
+    cfg, nproc = resolve(a)
+    return train(cfg, nproc, dry_run=a.dry_run)

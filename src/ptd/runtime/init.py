@@ -1,0 +1,115 @@
+"""Materialise a meta-device model and initialise it *independently of the layout*.
+
+Every parameter is drawn from its own generator, seeded by ``(seed, parameter name)``, as
+the full tensor; each rank then keeps its own shard of it. So one seed gives bit-identical
+weights whether the run is one process, DDP, FSDP shards, tensor-parallel shards or
+pipeline stages (a stage holds a subset of the names; the names do not change). That is
+what lets a sharded run be compared with a single process exactly.
+
+The price: each rank generates each full tensor once, one at a time, on the CPU. For the
+largest matrices of a 100B-class model that is seconds per matrix and a few GB of
+transient memory -- never the whole model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from .layers import RMSNorm
+
+# Wrappers that prefix parameter names; stripped so the seed sees the model's own names.
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
+
+
+def canonical_name(fqn: str) -> str:
+    """``layers.0.attention.wq.weight`` whatever DDP/compile/checkpoint wrappers added."""
+    parts = [p for p in fqn.split(".") if p + "." not in _WRAPPER_PREFIXES]
+    return ".".join(parts)
+
+
+def param_seed(seed: int, fqn: str) -> int:
+    """A 63-bit generator seed from the run seed and a parameter's canonical name."""
+    digest = hashlib.sha256(f"{seed}:{canonical_name(fqn)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def _is_residual_out(fqn: str) -> bool:
+    # Projections that write into the residual stream: scaled by 1/sqrt(2L) (GPT-2) so the
+    # residual's variance does not grow with depth.
+    return fqn.endswith("attention.wo.weight") or fqn.endswith(".w2.weight")
+
+
+def _full_value(fqn: str, param: torch.Tensor, kind: str, std: float, seed: int) -> torch.Tensor:
+    shape = tuple(param.shape)  # the global shape, also for a DTensor
+    if kind == "ones":
+        return torch.ones(shape)
+    if kind == "zeros":
+        return torch.zeros(shape)
+    g = torch.Generator(device="cpu").manual_seed(param_seed(seed, fqn))
+    return torch.normal(0.0, std, shape, generator=g)
+
+
+def _assign(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy ``full`` (or this rank's shard of it) into ``param``."""
+    if isinstance(param, DTensor):
+        # src_data_rank=None: every rank slices its own shard locally, no communication.
+        shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(shard.to_local())
+    else:
+        param.copy_(full)
+
+
+def init_plan(model: nn.Module) -> list[tuple[str, nn.Parameter, str]]:
+    """``(name, parameter, kind)`` for every distinct parameter; kind is ``normal``,
+    ``normal_residual``, ``ones`` or ``zeros``. Tied parameters appear once."""
+    out: list[tuple[str, nn.Parameter, str]] = []
+    seen: set[int] = set()
+    for mname, module in model.named_modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            fqn = f"{mname}.{pname}" if mname else pname
+            if isinstance(module, (RMSNorm, nn.LayerNorm)):
+                kind = "ones" if pname == "weight" else "zeros"
+            elif pname == "bias":
+                kind = "zeros"
+            else:
+                kind = "normal_residual" if _is_residual_out(fqn) else "normal"
+            out.append((canonical_name(fqn), p, kind))
+    return out
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, seed: int, init_std: float, n_layers: int) -> None:
+    """Initialise every parameter from ``(seed, name)`` (see the module docstring)."""
+    residual_std = init_std / math.sqrt(2 * n_layers)
+    for fqn, p, kind in init_plan(model):
+        std = residual_std if kind == "normal_residual" else init_std
+        full = _full_value(fqn, p, kind.removesuffix("_residual"), std, seed)
+        _assign(p, full.to(device=p.device, dtype=p.dtype))
+
+
+def materialize(model: nn.Module, device: torch.device | str, seed: int) -> nn.Module:
+    """Allocate a (possibly sharded) meta model on ``device`` and initialise it.
+
+    Works before or after FSDP's ``fully_shard`` (which shards meta parameters in place),
+    so no rank ever holds more than its shard plus one full tensor in flight."""
+    model.to_empty(device=device)
+    inner = _unwrap(model)
+    inner.tie_weights()
+    inner.init_buffers()
+    spec = inner.spec
+    init_weights(model, seed, spec.init_std, spec.n_layers)
+    return model
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    while hasattr(model, "module") and isinstance(model.module, nn.Module):
+        model = model.module
+    return model

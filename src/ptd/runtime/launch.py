@@ -1,0 +1,135 @@
+"""``ptd train``'s launcher: resolve, check, write the config, start the workers.
+
+Everything that can be refused is refused *before* anything starts or is written:
+the plan (``TrainConfig.validate``), the runtime's own limits (:func:`check_runtime`),
+and the data (:func:`prepare_data`, which also builds the shared token cache). Then
+``OUT/config.toml`` -- the fully resolved config -- is written and is the only thing the
+workers read.
+
+With ``nproc > 1`` the workers are started by torchrun on this host::
+
+    python -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node N \\
+        --max-restarts R --log-dir OUT/torchrun -m ptd.runtime.worker OUT/config.toml
+
+torchrun watches them: when one fails it stops the others and exits non-zero; the
+launcher then reads the failing worker's error file and prints its error. With one
+process the worker runs inside ``ptd train`` itself (same code path, world size 1).
+
+Several nodes: write the config once (``ptd train ... --dry-run --out OUT``), copy it to
+every node, and on each run torchrun with its own rendezvous flags, e.g. node ``R`` of 2::
+
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --nnodes 2 --node-rank R \\
+        --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST0:29500 \\
+        --rdzv-id myrun -m ptd.runtime.worker OUT/config.toml
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from ..errors import PtdError
+from ..specs import TrainConfig
+
+
+def check_runtime(cfg: TrainConfig, nproc: int, this_host: bool = True) -> None:
+    """What the plan allows but this runtime cannot do (yet), or this machine cannot.
+    ``this_host``: all ``nproc`` workers run here (not so for a multi-node dry run)."""
+    import torch
+    plan = cfg.plan
+    if plan.tp > 1 or plan.pp > 1 or plan.sp:
+        raise PtdError("tensor, sequence and pipeline parallelism are not in the runtime yet; "
+                       "use tp = pp = 1")
+    if cfg.model.is_moe:
+        raise PtdError(f"{cfg.model.name}: mixture-of-experts models build but cannot be trained yet")
+    if plan.dtype == "fp16" and not torch.cuda.is_available():
+        raise PtdError("fp16 needs a CUDA GPU (loss scaling); use --dtype bf16 on CPU")
+    if this_host and torch.cuda.is_available() and nproc > torch.cuda.device_count():
+        raise PtdError(f"{nproc} workers but {torch.cuda.device_count()} GPU(s) on this host")
+    unsupported = [(cfg.checkpoint.every > 0, "checkpoint.every"), (bool(cfg.resume), "resume"),
+                   (bool(cfg.init_from), "init_from"), (cfg.tensorboard, "tensorboard")]
+    for bad, name in unsupported:
+        if bad:
+            raise PtdError(f"{name} is not implemented in the runtime yet")
+
+
+def prepare_data(cfg: TrainConfig) -> None:
+    """Resolve the data paths, build the token cache, check tokens against the model."""
+    from .corpus import Sources, check_stream, open_stream
+    sources = Sources.resolve(cfg.data)
+    stream = open_stream(sources)
+    check_stream(stream, sources, cfg.model.vocab_size, cfg.plan.seq_len)
+    train, val = stream.split(cfg.data.val_fraction)
+    if len(train) < cfg.plan.seq_len + 1:
+        raise PtdError("data: the training split is shorter than one sequence")
+    if cfg.eval_every:
+        from .data import eval_batches
+        eval_batches(val, seq_len=cfg.plan.seq_len, global_batch=cfg.plan.global_batch,
+                     micro_batch=cfg.plan.micro_batch, dp_rank=0, dp_size=cfg.plan.dp, max_steps=1)
+
+
+def torchrun_command(config_path: Path, nproc: int, max_restarts: int, log_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+            "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts),
+            "--log-dir", str(log_dir), "-m", "ptd.runtime.worker", str(config_path)]
+
+
+def worker_env(cfg: TrainConfig) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(cfg.threads))
+    return env
+
+
+def failed_workers(log_dir: Path) -> list[str]:
+    """``rank N: message`` for each worker error file torchrun left under ``log_dir``."""
+    out = []
+    for f in sorted(log_dir.glob("**/error.json"), key=lambda p: p.stat().st_mtime):
+        try:
+            msg = json.loads(f.read_text())["message"]
+            text = msg["message"] if isinstance(msg, dict) else str(msg)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        rank = f.parent.name
+        out.append(f"local rank {rank}: {text.strip().splitlines()[-1] if text.strip() else text}")
+    return out
+
+
+def start_workers(cfg: TrainConfig, config_path: Path, nproc: int) -> int:
+    """Run the workers to completion; return the exit code for ``ptd train``."""
+    if nproc == 1:
+        from .worker import run
+        summary = run(cfg)
+        return 0 if summary["status"] == "ok" else 1
+    log_dir = Path(cfg.out) / "torchrun"
+    shutil.rmtree(log_dir, ignore_errors=True)  # error files of an earlier run would mislead
+    cmd = torchrun_command(config_path, nproc, cfg.max_restarts, log_dir)
+    rc = subprocess.run(cmd, env=worker_env(cfg)).returncode
+    if rc != 0:
+        failures = failed_workers(log_dir)
+        if failures:
+            more = f" (and {len(failures) - 1} later)" if len(failures) > 1 else ""
+            detail = f"earliest worker error: {failures[0]}{more}"
+        else:
+            detail = "no worker left an error file (killed by a signal?); see torchrun's report above"
+        print(f"ptd: error: training failed (torchrun exit code {rc}); {detail}", file=sys.stderr)
+        return rc if rc > 0 else 1
+    return 0
+
+
+def train(cfg: TrainConfig, nproc: int, dry_run: bool = False) -> int:
+    """Validate, prepare, write ``OUT/config.toml``, and (unless ``dry_run``) train."""
+    cfg.validate(nproc)
+    check_runtime(cfg, nproc, this_host=not dry_run)
+    prepare_data(cfg)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    config_path = out / "config.toml"
+    cfg.save(config_path)
+    if dry_run:
+        print(f"ptd: wrote {config_path} ({cfg.plan.describe()}, {nproc} worker(s)); not training")
+        return 0
+    return start_workers(cfg, config_path, nproc)

@@ -1,0 +1,147 @@
+"""The pieces of a transformer block: norms, rotary positions, attention, MLP, experts.
+
+Written for the parallel dimensions that wrap them later, not for cleverness:
+
+* every weight is a plain ``nn.Linear``/``nn.Embedding`` parameter with a stable name, so
+  FSDP shards it, DTensor tensor parallelism splits it and checkpoints address it;
+* attention reshapes with ``-1`` heads (``view(b, s, -1, head_dim)``): with tensor
+  parallelism a rank holds ``n_heads / tp`` heads and the same code runs unchanged;
+* attention itself is ``F.scaled_dot_product_attention(is_causal=True)`` (fused kernels on
+  CPU and GPU); grouped-query attention uses ``enable_gqa`` (no K/V copies).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..specs import ModelSpec
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm with a learned scale (Llama); ``F.rms_norm`` does the work."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def make_norm(spec: ModelSpec) -> nn.Module:
+    if spec.norm == "rmsnorm":
+        return RMSNorm(spec.hidden, spec.norm_eps)
+    return nn.LayerNorm(spec.hidden, eps=spec.norm_eps)
+
+
+def rope_tables(head_dim: int, max_len: int, theta: float, device: torch.device | str | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables ``(max_len, head_dim)`` in the "rotate half" layout of Hugging Face
+    Llama checkpoints (so their weights load without permuting q/k rows)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    t = torch.arange(max_len, device=device, dtype=torch.float32)
+    freqs = torch.outer(t, inv)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` of shape ``(b, s, heads, d)`` by position; tables are ``(s, d)``."""
+    cos = cos[None, :, None, :].to(x.dtype)
+    sin = sin[None, :, None, :].to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+Rope = tuple[torch.Tensor, torch.Tensor] | None
+
+
+class Attention(nn.Module):
+    """Multi-head / grouped-query causal self-attention.
+
+    ``recompute_core`` (set by selective activation checkpointing) recomputes the attention
+    core -- RoPE, ``softmax(QK^T)V`` -- in the backward pass instead of keeping its
+    activations: the part whose memory grows with the square of the sequence in the
+    unfused formulation (Korthikanti et al. 2022). The q/k/v and output projections keep
+    their activations.
+    """
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.head_dim = spec.head_dim
+        self.grouped = spec.n_kv_heads != spec.n_heads
+        self.dropout = spec.dropout
+        self.wq = nn.Linear(spec.hidden, spec.q_dim, bias=spec.bias)
+        self.wk = nn.Linear(spec.hidden, spec.kv_dim, bias=spec.bias)
+        self.wv = nn.Linear(spec.hidden, spec.kv_dim, bias=spec.bias)
+        self.wo = nn.Linear(spec.q_dim, spec.hidden, bias=spec.bias)
+        self.recompute_core = False
+
+    def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, -1, self.head_dim)
+        k = self.wk(x).view(b, s, -1, self.head_dim)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
+        if self.recompute_core and torch.is_grad_enabled():
+            y = checkpoint(self._core, q, k, v, rope, use_reentrant=False)
+        else:
+            y = self._core(q, k, v, rope)
+        return F.dropout(self.wo(y.reshape(b, s, -1)), self.dropout, self.training)
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: Rope) -> torch.Tensor:
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+            dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.grouped)
+        return y.transpose(1, 2)
+
+
+class MLP(nn.Module):
+    """GPT-2 ``w2(gelu(w1 x))`` or Llama SwiGLU ``w2(silu(w1 x) * w3 x)``."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.swiglu = spec.mlp == "swiglu"
+        self.w1 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=spec.bias)
+        self.w2 = nn.Linear(spec.ffn_hidden, spec.hidden, bias=spec.bias)
+        self.w3 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=spec.bias) if self.swiglu else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w3 is not None:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+
+
+class MoE(nn.Module):
+    """Token-choice top-k mixture of experts (Mixtral): a bias-free router picks ``top_k``
+    experts per token, whose outputs are mixed with the softmax of the chosen logits.
+
+    A plain loop over experts: correct and shape-exact (its parameter count is the spec's),
+    not fast. Expert parallelism would replace the loop with an all-to-all dispatch.
+    """
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.top_k = spec.top_k
+        self.router = nn.Linear(spec.hidden, spec.n_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(spec) for _ in range(spec.n_experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        weights, chosen = self.router(flat).topk(self.top_k, dim=-1)
+        weights = weights.float().softmax(dim=-1).to(x.dtype)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            rows, slot = (chosen == e).nonzero(as_tuple=True)
+            if rows.numel():
+                out.index_add_(0, rows, expert(flat[rows]) * weights[rows, slot, None])
+        return out.view_as(x)
+
+
+def make_ffn(spec: ModelSpec) -> nn.Module:
+    return MoE(spec) if spec.is_moe else MLP(spec)

@@ -1,0 +1,104 @@
+"""The process group and the one ``DeviceMesh`` of a run.
+
+The mesh has shape :func:`ptd.specs.layout.mesh_shape` and axis names ``("pp", "dp",
+"tp")``: the same row-major placement the cost model prices (tensor-parallel peers are
+consecutive ranks). Every parallel dimension takes its sub-mesh or process group from
+:class:`ParallelDims`; nothing else in the runtime computes rank arithmetic.
+
+Backend and device are chosen automatically: NCCL on ``cuda:LOCAL_RANK`` when CUDA is
+available, else gloo on the CPU. Under torchrun the rank and world come from its
+environment; a plain single process (``ptd train --nproc 1``) gets a one-rank gloo group on
+an in-memory store, so it runs exactly the code path of a distributed run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from ..errors import PtdError
+from ..specs import ParallelPlan
+from ..specs.layout import AXES, Axis, coords, mesh_shape
+
+
+@dataclass
+class ParallelDims:
+    """Who this rank is, where it sits in the grid, and the mesh to build groups from."""
+
+    plan: ParallelPlan
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    mesh: DeviceMesh
+
+    @property
+    def coords(self) -> dict[Axis, int]:
+        return coords(self.rank, self.plan)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.coords["dp"]
+
+    @property
+    def dp_size(self) -> int:
+        return self.plan.dp
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes files and draws the progress bar."""
+        return self.rank == 0
+
+    def submesh(self, *axes: Axis) -> DeviceMesh:
+        return self.mesh[axes[0]] if len(axes) == 1 else self.mesh[axes]
+
+    def group(self, axis: Axis) -> dist.ProcessGroup:
+        return self.mesh.get_group(axis)
+
+    def grad_norm_groups(self) -> list[dist.ProcessGroup]:
+        """Groups over which ranks hold *different* plain (non-DTensor) parameters, whose
+        squared gradient norms must be summed for the global norm. DTensor shards (FSDP,
+        tensor parallel) carry their own mesh and are summed by the clipping code itself;
+        pipeline stages hold disjoint layers, so the pp group is summed here."""
+        return [self.group("pp")] if self.plan.pp > 1 else []
+
+
+def _backend_and_device(local_rank: int) -> tuple[str, torch.device]:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return "nccl", torch.device("cuda", local_rank)
+    return "gloo", torch.device("cpu")
+
+
+def init_distributed(plan: ParallelPlan, timeout_s: float) -> ParallelDims:
+    """Join (or create) the process group and build the ``pp x dp x tp`` mesh.
+
+    ``timeout_s`` bounds every collective: a peer that died or hangs becomes an error on
+    the survivors instead of a hang."""
+    if "RANK" in os.environ:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    else:
+        rank, world, local_rank = 0, 1, 0
+    if world != plan.world_size:
+        raise PtdError(f"dp*tp*pp = {plan.world_size} does not equal the world size {world}")
+    backend, device = _backend_and_device(local_rank)
+    timeout = timedelta(seconds=timeout_s)
+    if not dist.is_initialized():
+        if "RANK" in os.environ:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                    timeout=timeout)
+    mesh = init_device_mesh(device.type, mesh_shape(plan), mesh_dim_names=AXES)
+    return ParallelDims(plan, rank, world, local_rank, device, mesh)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,128 @@
+"""A decoder-only transformer built from a :class:`~ptd.specs.ModelSpec`.
+
+nanoGPT-plain on purpose; the structure is what the parallel dimensions rely on:
+
+* blocks live in an ``nn.ModuleDict`` keyed by layer index (``layers["0"]`` ...). A pipeline
+  stage deletes the blocks it does not own and sets ``tok_embeddings``/``norm``/``output``
+  to ``None``; parameter names stay those of the whole model (checkpoints and the
+  layout-independent initialisation address parameters by these names), and ``forward``
+  skips whatever is ``None`` -- a middle stage maps hidden states to hidden states;
+* the model is built on the ``meta`` device (no memory, any size), parallelised there, and
+  only then materialised and initialised (:mod:`ptd.runtime.init`);
+* activation checkpointing is a per-block switch (``Block.recompute``), not a wrapper
+  module, so it does not change parameter names either.
+
+Its parameter count equals ``ModelSpec.param_count()`` exactly (tested for every preset).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..specs import ModelSpec
+from .layers import Attention, Rope, make_ffn, make_norm, rope_tables
+
+
+class Block(nn.Module):
+    """Pre-norm block: ``x + attn(norm(x))`` then ``x + ffn(norm(x))``.
+
+    ``recompute``: ``"none"``; ``"full"`` recomputes the whole block in backward (keeps only
+    its input); ``"selective"`` recomputes only the attention core (see :class:`Attention`).
+    """
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.attention_norm = make_norm(spec)
+        self.attention = Attention(spec)
+        self.ffn_norm = make_norm(spec)
+        self.feed_forward = make_ffn(spec)
+        self.dropout = spec.dropout
+        self.recompute = "none"
+
+    def set_recompute(self, mode: str) -> None:
+        self.recompute = mode
+        self.attention.recompute_core = mode == "selective"
+
+    def forward(self, x: torch.Tensor, rope: Rope = None) -> torch.Tensor:
+        if self.recompute == "full" and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, rope, use_reentrant=False)
+        return self._forward(x, rope)
+
+    def _forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), rope)
+        ffn = self.feed_forward(self.ffn_norm(x))
+        return x + F.dropout(ffn, self.dropout, self.training)
+
+
+class Transformer(nn.Module):
+    """Token ids ``(b, s)`` -> logits ``(b, s, vocab)`` (or hidden states on a pipeline
+    stage without the output layer)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab_size, spec.hidden)
+        self.pos_embeddings: nn.Embedding | None = (
+            nn.Embedding(spec.max_seq_len, spec.hidden) if spec.position == "learned" else None)
+        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.n_layers)})
+        self.norm: nn.Module | None = make_norm(spec)
+        self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
+        if spec.position == "rope":
+            # Not parameters: recomputed by init_buffers() after materialisation, never saved.
+            cos, sin = rope_tables(spec.head_dim, spec.max_seq_len, spec.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        else:
+            self.rope_cos = self.rope_sin = None
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """GPT-2 style: the output layer is the embedding matrix. Tying is lost when
+        parameters are replaced (``to_empty``), so materialisation calls this again."""
+        if self.spec.tied_embeddings and self.output is not None and self.tok_embeddings is not None:
+            self.output.weight = self.tok_embeddings.weight
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """Fill the non-parameter buffers (RoPE tables) on whatever device they now live."""
+        if self.rope_cos is not None:
+            cos, sin = rope_tables(self.spec.head_dim, self.spec.max_seq_len, self.spec.rope_theta,
+                                   self.rope_cos.device)
+            self.rope_cos.copy_(cos)
+            self.rope_sin.copy_(sin)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = tokens
+        seq = tokens.shape[1]
+        if self.tok_embeddings is not None:
+            h = self.tok_embeddings(tokens)
+            if self.pos_embeddings is not None:
+                h = h + self.pos_embeddings(torch.arange(seq, device=tokens.device))
+            h = F.dropout(h, self.spec.dropout, self.training)
+        rope = (self.rope_cos[:seq], self.rope_sin[:seq]) if self.rope_cos is not None else None
+        for layer in self.layers.values():
+            h = layer(h, rope)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is not None:
+            h = self.output(h)
+        return h
+
+
+def build_model(spec: ModelSpec, device: torch.device | str = "meta") -> Transformer:
+    """The whole model on ``device`` (``meta`` by default: shapes only, no memory).
+
+    On a real device the weights are *not* initialised; call
+    :func:`ptd.runtime.init.materialize` (which also handles the meta case)."""
+    with torch.device(device):
+        return Transformer(spec)
+
+
+def lm_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum (not mean) of next-token cross-entropy, in fp32 whatever the compute dtype: the
+    caller divides by the tokens of the whole step, so that losses of micro-batches,
+    replicas and pipeline stages add up to the mean over the global batch."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")

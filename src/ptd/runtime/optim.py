@@ -1,0 +1,115 @@
+"""AdamW, the learning-rate schedule, and gradient clipping by the global norm.
+
+Clipping must see the norm of the *whole* gradient, however it is spread over ranks:
+
+* plain tensors (DDP/ZeRO-1) are already all-reduced, identical on every replica: their
+  squared norm is summed locally;
+* ``DTensor`` gradients (FSDP shards, later tensor-parallel shards) contribute the squared
+  norm of their local shard, summed over the mesh axes along which they are sharded (not
+  over axes along which they are replicated -- that would count them twice);
+* ranks that hold *different* parameters that are not DTensors -- pipeline stages -- add
+  their totals over :meth:`ParallelDims.grad_norm_groups` (the pp group).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from ..specs import OptimConfig
+from .init import canonical_name
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Decay matrices; not norms, biases or embeddings (nor the output layer tied to one)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if p.ndim >= 2 and "embeddings" not in canonical_name(name):
+            decay.append(p)
+        else:
+            no_decay.append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, *, zero: int,
+                    dp_group: dist.ProcessGroup | None = None) -> torch.optim.Optimizer:
+    """AdamW with fp32 states; ZeRO-1 shards them over ``dp_group``. (Under FSDP the
+    parameters are already shards, so plain AdamW keeps sharded states: ZeRO-2/3.)"""
+    groups = param_groups(model, cfg.weight_decay)
+    kw = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    if zero == 1:
+        from .parallel.ddp import zero1_optimizer
+        return zero1_optimizer(groups, dp_group, **kw)
+    return torch.optim.AdamW(groups, **kw)
+
+
+def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
+    """Learning rate of optimizer step ``step`` (1-based): linear warm-up from 0 over
+    ``warmup_steps``, then cosine decay to ``min_lr_ratio * lr`` at ``total_steps``."""
+    if cfg.warmup_steps and step <= cfg.warmup_steps:
+        return cfg.lr * step / cfg.warmup_steps
+    span = max(1, total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def _sharded_axes(t: DTensor) -> tuple[int, ...]:
+    # Gradients come out of FSDP / tensor parallelism reduced: Shard or Replicate, never
+    # Partial (a Partial gradient would need reducing before its norm means anything).
+    assert not any(p.is_partial() for p in t.placements), "unreduced (Partial) gradient"
+    return tuple(i for i, p in enumerate(t.placements) if p.is_shard())
+
+
+@torch.no_grad()
+def global_grad_norm(params: Iterable[torch.Tensor], device: torch.device,
+                     extra_groups: Iterable[dist.ProcessGroup] = ()) -> torch.Tensor:
+    """The L2 norm of all gradients of the model, over every shard and stage (fp32)."""
+    local = torch.zeros((), dtype=torch.float32, device=device)
+    by_mesh: dict[tuple[int, tuple[int, ...]], tuple[Any, torch.Tensor]] = {}
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        if isinstance(g, DTensor):
+            sq = g.to_local().float().pow(2).sum().to(device)
+            axes = _sharded_axes(g)
+            if not axes:
+                local += sq
+                continue
+            key = (id(g.device_mesh), axes)
+            mesh, acc = by_mesh.get(key, (g.device_mesh, torch.zeros_like(local)))
+            by_mesh[key] = (mesh, acc + sq)
+        else:
+            local += g.float().pow(2).sum().to(device)
+    for (_, axes), (mesh, acc) in by_mesh.items():
+        for axis in axes:
+            dist.all_reduce(acc, group=mesh.get_group(axis))
+        local += acc
+    for group in extra_groups:
+        dist.all_reduce(local, group=group)
+    return local.sqrt()
+
+
+@torch.no_grad()
+def clip_grads_(params: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
+    """Scale every gradient by ``min(1, max_norm / total_norm)``."""
+    coef = min(1.0, max_norm / (float(total_norm) + 1e-6))
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)

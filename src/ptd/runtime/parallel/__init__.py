@@ -1,0 +1,79 @@
+"""Parallel dimensions, one file each, composed by :func:`parallelize`.
+
+Each ``apply_*`` takes the model, its mesh (or group) and the plan, torchtitan style:
+
+* ``tp.py`` (next issue): tensor/sequence parallelism on the ``tp`` sub-mesh;
+* :mod:`.recompute`: activation checkpointing and ``torch.compile`` per block;
+* :mod:`.fsdp`: ZeRO-2/3 on the ``dp`` sub-mesh;
+* :mod:`.ddp`: DDP and ZeRO-1 on the ``dp`` group, gradient compression hooks;
+* ``pp.py`` (next issue): splits the model into stages *before* :func:`parallelize` runs on
+  each stage's module.
+
+Order matters: tensor parallelism first (it turns parameters into DTensors that FSDP then
+shards along another mesh axis), then checkpointing and compile (they act on the blocks'
+forward), then FSDP (which must see the final blocks), then materialisation -- FSDP can
+shard a meta model, DDP cannot -- and DDP last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ...specs import ParallelPlan
+from ..init import materialize
+from ..mesh import ParallelDims
+from .ddp import apply_ddp
+from .fsdp import apply_fsdp
+from .recompute import apply_compile, apply_recompute
+
+
+def parallelize(model: nn.Module, plan: ParallelPlan, dims: ParallelDims, *, seed: int,
+                compile: bool = False) -> nn.Module:
+    """Apply every dimension of ``plan`` to a meta-device model; return the module to
+    train (materialised, initialised from ``seed``, possibly wrapped)."""
+    # apply_tp(model, dims.submesh("tp"), plan) goes here when plan.tp > 1.
+    if plan.recompute != "none":
+        apply_recompute(model, plan.recompute)
+    if compile:
+        apply_compile(model)
+    if plan.zero >= 2:
+        apply_fsdp(model, dims.submesh("dp"), plan, dims.device)
+        init_device = torch.device("cpu") if plan.offload else dims.device
+        return materialize(model, init_device, seed)
+    materialize(model, dims.device, seed)
+    return apply_ddp(model, dims.group("dp"), plan, dims.device)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The :class:`~ptd.runtime.model.Transformer` inside a DDP wrapper (FSDP2 wraps in
+    place, so an FSDP model is its own inner model)."""
+    return model.module if isinstance(model, DDP) else model
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Forward+backward inside this context reduce gradients across replicas only if
+    ``enabled``; otherwise they accumulate locally (micro-steps before the last)."""
+    if enabled:
+        yield
+    elif isinstance(model, DDP):
+        with model.no_sync():
+            yield
+    elif isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+__all__ = ["apply_compile", "apply_ddp", "apply_fsdp", "apply_recompute", "gradient_sync",
+           "parallelize", "unwrap"]

@@ -1,0 +1,52 @@
+"""ZeRO-2 and ZeRO-3 with FSDP2 (``fully_shard``).
+
+Each transformer block is one FSDP unit (its parameters all-gathered together just
+before use), then the root takes what is left (embeddings, final norm, output layer).
+Parameters become ``DTensor`` shards (``Shard(0)``) on the data-parallel mesh; gradients
+are reduce-scattered, so every rank keeps 1/dp of parameters, gradients and AdamW states.
+
+* ZeRO-3 (``zero = 3``): ``reshard_after_forward=True`` -- blocks are freed after the
+  forward and gathered again for the backward (one extra all-gather, least memory).
+* ZeRO-2 (``zero = 2``): ``reshard_after_forward=False`` -- the gathered parameters stay
+  from forward to backward (no second all-gather; parameter memory as in ZeRO-1 between
+  the two passes); gradients and optimizer states are sharded.
+
+Gradient accumulation turns gradient synchronisation off for all but the last micro-step
+(``set_requires_gradient_sync(False)``, see :mod:`ptd.runtime.step`): fewer
+reduce-scatters, at the price of holding unsharded gradients during accumulation.
+
+bf16/fp16 use ``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=fp32)``: compute and
+all-gather in low precision, gradients reduced and stored in fp32. ``offload`` keeps the
+sharded parameters, gradients and optimizer states in host memory (``CPUOffloadPolicy``):
+the optimizer step runs on the CPU.
+
+On gloo, ``set_gradient_divide_factor`` must not be used (PREMUL_SUM is NCCL-only); the
+default averaging over dp is what the loss normalisation expects anyway.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+from ...specs import ParallelPlan
+from ..precision import DTYPES
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, plan: ParallelPlan, device: torch.device) -> nn.Module:
+    """Shard ``model`` (on meta or real parameters) in place over ``dp_mesh``."""
+    if plan.dtype == "fp32":
+        mp = MixedPrecisionPolicy()
+    else:
+        mp = MixedPrecisionPolicy(param_dtype=DTYPES[plan.dtype], reduce_dtype=torch.float32)
+    offload: OffloadPolicy = (CPUOffloadPolicy(pin_memory=device.type == "cuda") if plan.offload
+                              else OffloadPolicy())
+    reshard = plan.zero >= 3
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
+                    offload_policy=offload)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
+                offload_policy=offload)
+    return model

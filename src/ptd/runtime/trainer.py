@@ -1,0 +1,131 @@
+"""The training loop: the same for every layout.
+
+One optimizer step is a fixed sequence of distinct calls, so that timers can wrap each
+phase (the measurement issue does):
+
+1. ``next_batch``        -- this rank's micro-batches (data wait)
+2. ``forward_backward``  -- the :class:`~ptd.runtime.step.StepRunner` (compute, and the
+                            gradient collectives it overlaps)
+3. ``global_loss``       -- one all-reduce: mean token loss of the global batch
+4. ``clip_gradients``    -- global gradient norm (all-reduces for shards/stages), clipping
+5. ``optimizer_step``    -- learning rate, AdamW (ZeRO-1: plus its broadcast), zero grads
+6. ``record``            -- metrics.jsonl, progress bar
+
+Nothing here looks at the plan's dimensions: what differs between DDP, ZeRO, tensor or
+pipeline parallelism is inside the model wrapper, the optimizer and the runner.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..specs import TrainConfig
+from .data import DataLoader, MicroBatch
+from .fault import FaultInjector
+from .mesh import ParallelDims
+from .metrics import RunLog, summarize
+from .optim import clip_grads_, global_grad_norm, lr_at, set_lr
+from .precision import Precision
+from .step import StepRunner
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, dims: ParallelDims, model: nn.Module, runner: StepRunner,
+                 optimizer: torch.optim.Optimizer, precision: Precision, loader: DataLoader,
+                 log: RunLog, val_batches: Sequence[Sequence[MicroBatch]] = (),
+                 faults: FaultInjector | None = None) -> None:
+        self.cfg = cfg
+        self.dims = dims
+        self.model = model
+        self.runner = runner
+        self.optimizer = optimizer
+        self.precision = precision
+        self.loader = loader
+        self.log = log
+        self.val_batches = val_batches
+        self.faults = faults or FaultInjector(dims.rank, spec="")
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.step = 0
+        """Optimizer steps completed (what a checkpoint would record, with the loader's state)."""
+        self.tokens = 0
+        self.status = "ok"
+
+    # ------------------------------------------------------------ phases
+    def next_batch(self) -> list[MicroBatch]:
+        return self.loader.next()
+
+    def global_loss(self, loss: torch.Tensor) -> float:
+        """Average of the loss shares of the ranks that report one (all data-parallel
+        replicas; on a pipeline only the last stages): the global-batch mean."""
+        flag = 1.0 if self.runner.reports_loss else 0.0
+        buf = torch.stack([loss.float() * flag, torch.tensor(flag, device=loss.device)])
+        dist.all_reduce(buf)
+        return float(buf[0] / buf[1])
+
+    def clip_gradients(self) -> float:
+        self.precision.unscale_(self.optimizer)
+        norm = global_grad_norm(self.params, self.dims.device, self.dims.grad_norm_groups())
+        if self.cfg.optim.grad_clip > 0:
+            clip_grads_(self.params, self.cfg.optim.grad_clip, norm)
+        return float(norm)
+
+    def optimizer_step(self, step: int) -> float:
+        lr = lr_at(step, self.cfg.optim, self.cfg.steps)
+        set_lr(self.optimizer, lr)
+        self.precision.step(self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+        return lr
+
+    def evaluate(self) -> float:
+        losses = [self.global_loss(self.runner.evaluate(b)) for b in self.val_batches]
+        return sum(losses) / len(losses)
+
+    def _sync(self) -> None:
+        if self.dims.device.type == "cuda":
+            torch.cuda.synchronize(self.dims.device)
+
+    # ------------------------------------------------------------ loop
+    def train_step(self, step: int) -> dict[str, Any]:
+        self.faults.at_step(step)
+        t0 = time.perf_counter()
+        micro = self.next_batch()
+        local = self.runner.forward_backward(micro)
+        loss = self.global_loss(local)
+        skipped = not math.isfinite(loss)
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+            grad_norm, lr = float("nan"), lr_at(step, self.cfg.optim, self.cfg.steps)
+        else:
+            grad_norm = self.clip_gradients()
+            lr = self.optimizer_step(step)
+        self._sync()
+        dt = time.perf_counter() - t0
+        step_tokens = self.cfg.plan.tokens_per_step
+        self.tokens += step_tokens
+        self.step = step
+        rec = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": self.tokens,
+               "step_tokens": step_tokens, "step_time_s": dt, "tokens_per_s": step_tokens / dt,
+               "skipped": skipped}
+        if self.cfg.eval_every and (step % self.cfg.eval_every == 0 or step == self.cfg.steps):
+            rec["val_loss"] = self.evaluate()
+        return rec
+
+    def train(self) -> dict[str, Any]:
+        """Run to ``cfg.steps`` (from ``self.step``); return the summary."""
+        start = time.perf_counter()
+        for step in range(self.step + 1, self.cfg.steps + 1):
+            rec = self.train_step(step)
+            rec["elapsed_s"] = time.perf_counter() - start
+            if step % self.cfg.log_every == 0 or step == self.cfg.steps or rec["skipped"]:
+                self.log.record(rec)
+            if rec["skipped"] and self.cfg.on_nan == "stop":
+                self.status = f"stopped: non-finite loss at step {step}"
+                self.log.note(f"ptd: {self.status}")
+                break
+        return summarize(self.log.records) | {"status": self.status}

@@ -1,0 +1,114 @@
+"""ptd train before any worker: flags, config resolution, and one-line refusals."""
+
+import subprocess
+
+import pytest
+
+import ptd.runtime.launch as launch
+from ptd.specs import load_config
+from ptd.specs.tomlio import dumps
+
+
+@pytest.fixture
+def no_workers(monkeypatch, tmp_path):
+    """Fail the test if anything tries to start a worker or a torchrun."""
+    def boom(*a, **k):
+        raise AssertionError("a worker was started")
+    monkeypatch.setattr(launch, "start_workers", boom)
+    monkeypatch.setattr(subprocess, "run", boom)
+    monkeypatch.setattr(subprocess, "Popen", boom)
+    monkeypatch.setenv("PTD_HOME", str(tmp_path / "cache"))
+
+
+# Every ParallelPlan validation error of the specs (tests/test_specs.py), as a [plan] table.
+PLAN_ERRORS = [
+    ({"dp": 2, "tp": 2}, ["--nproc", "8", "--dp", "2"], "does not equal the world size 8"),
+    ({"tp": 3}, [], "not divisible by tp 3"),
+    ({"tp": 8}, [], "key/value heads are not divisible by tp 8"),
+    ({"pp": 3}, [], "layers are not divisible by pp = 3"),
+    ({"pp": 2, "vpp": 4, "schedule": "interleaved-1f1b", "global_batch": 8}, [],
+     r"not divisible by pp\*vpp = 2\*4"),
+    ({"dp": 3, "global_batch": 8}, [], r"not divisible by micro-batch\*dp"),
+    ({"pp": 4, "global_batch": 2, "schedule": "1f1b"}, [], "at least pp = 4 micro-batches"),
+    ({"pp": 2, "vpp": 1, "schedule": "interleaved-1f1b"}, [], "needs vpp > 1"),
+    ({"pp": 2, "vpp": 2, "schedule": "1f1b"}, [], "one stage per rank"),
+    ({"vpp": 2}, [], "needs pp > 1"),
+    ({"sp": True}, [], "needs tp > 1"),
+    ({"zero": 4}, [], "zero must be"),
+    ({"recompute": "most"}, [], "recompute must be"),
+    ({"dtype": "fp64"}, [], "dtype must be"),
+    ({"micro_batch": 0}, [], "positive integer"),
+    ({"seq_len": 100000}, [], "exceeds"),
+    ({"offload": True}, [], "offload needs zero 2 or 3"),
+    ({"zero": 1, "grad_compression": "fp16"}, [], "DDP only"),
+]
+BASE_PLAN = {"dp": 1, "tp": 1, "pp": 1, "micro_batch": 1, "global_batch": 8, "seq_len": 128}
+
+
+def _assert_refused(rc, err, out_dir, match):
+    import re
+    assert rc == 2, err
+    assert err.count("\n") == 1 and err.startswith("ptd: error:"), err
+    assert re.search(match, err), err
+    assert "Traceback" not in err
+    assert not out_dir.exists()
+
+
+@pytest.mark.parametrize("plan,flags,match", PLAN_ERRORS)
+def test_plan_errors_one_line_exit_2_nothing_started(ptd_cli, no_workers, tmp_path, plan, flags, match):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(dumps({"model": {"preset": "tiny"}, "plan": {**BASE_PLAN, **plan}}))
+    out = tmp_path / "out"
+    rc, _, err = ptd_cli("train", "--config", str(cfg), "--out", str(out), *flags)
+    _assert_refused(rc, err, out, match)
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--dtype", "fp16"], "fp16 needs a CUDA GPU"),
+    (["--zero", "5"], "invalid choice"),
+    (["--nproc", "0"], "positive integer"),
+    (["--nproc", "3"], r"not divisible by micro-batch\*dp"),
+    (["--model", "nope"], "unknown model preset"),
+    (["--config", "/nonexistent.toml"], "config file not found"),
+    (["--data", "/nonexistent/*.txt"], "no file matches"),
+    (["--model", "tiny", "--seq-len", "300"], "exceeds"),
+    (["--model", "mixtral-8x7b", "--nproc", "1", "--global-batch", "4"], "mixture-of-experts"),
+    (["--lr", "-1"], "positive number"),
+])
+def test_runtime_and_flag_errors_one_line(ptd_cli, no_workers, tmp_path, flags, match):
+    out = tmp_path / "out"
+    rc, _, err = ptd_cli("train", "--out", str(out), *flags)
+    _assert_refused(rc, err, out, match)
+
+
+def test_tensor_parallel_refused_until_implemented(ptd_cli, no_workers, tmp_path):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(dumps({"model": {"preset": "tiny"}, "plan": {**BASE_PLAN, "tp": 2}}))
+    out = tmp_path / "out"
+    rc, _, err = ptd_cli("train", "--config", str(cfg), "--out", str(out))
+    _assert_refused(rc, err, out, "not in the runtime yet")
+
+
+def test_nproc_sets_dp_and_dry_run_writes_reproducible_config(ptd_cli, no_workers, tmp_path):
+    out = tmp_path / "out"
+    rc, stdout, err = ptd_cli("train", "--nproc", "2", "--model", "tiny", "--zero", "3",
+                              "--micro-batch", "2", "--global-batch", "8", "--seq-len", "64",
+                              "--steps", "7", "--lr", "0.01", "--seed", "5", "--recompute",
+                              "selective", "--out", str(out), "--dry-run")
+    assert rc == 0, err
+    cfg = load_config(out / "config.toml")
+    assert cfg.plan.dp == 2 and cfg.plan.zero == 3 and cfg.plan.recompute == "selective"
+    assert cfg.steps == 7 and cfg.optim.lr == 0.01 and cfg.seed == 5 and cfg.out == str(out)
+    assert cfg.model.name == "tiny" and cfg.model.hidden == 64
+    # The written config alone reproduces the same resolved config.
+    rc, _, err = ptd_cli("train", "--config", str(out / "config.toml"), "--dry-run")
+    assert rc == 0, err
+    assert load_config(out / "config.toml") == cfg
+
+
+def test_default_config_is_valid_for_four_workers(ptd_cli, no_workers, tmp_path):
+    from ptd.commands.train import resolve
+    from ptd.cli import build_parser
+    cfg, nproc = resolve(build_parser().parse_args(["train"]))
+    assert nproc == 4 and cfg.model.name == "small" and cfg.plan.dtype == "fp32"
+    cfg.validate(nproc)

@@ -27,7 +27,7 @@ PLAN_ERRORS = [
     ({"tp": 8}, [], "key/value heads are not divisible by tp 8"),
     ({"pp": 3}, [], "layers are not divisible by pp = 3"),
     ({"pp": 2, "vpp": 4, "schedule": "interleaved-1f1b", "global_batch": 8}, [],
-     r"not divisible by pp\*vpp = 2\*4"),
+     r"cannot fill pp\*vpp = 2\*4 stages"),
     ({"dp": 3, "global_batch": 8}, [], r"not divisible by micro-batch\*dp"),
     ({"pp": 4, "global_batch": 2, "schedule": "1f1b"}, [], "at least pp = 4 micro-batches"),
     ({"pp": 2, "vpp": 1, "schedule": "interleaved-1f1b"}, [], "needs vpp > 1"),

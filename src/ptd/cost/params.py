@@ -100,27 +100,27 @@ def layer_params(model: ModelSpec) -> tuple[Param, ...]:
                 Param("attention.wk.bias", (kv,), 0, False),
                 Param("attention.wv.bias", (kv,), 0, False),
                 Param("attention.wo.bias", (h,), None, False)]
-    out.append(Param("mlp_norm.weight", (h,), None, False))
+    out.append(Param("ffn_norm.weight", (h,), None, False))
     if ln:
-        out.append(Param("mlp_norm.bias", (h,), None, False))
+        out.append(Param("ffn_norm.bias", (h,), None, False))
     experts = [""] if not model.is_moe else [f"experts.{e}." for e in range(model.n_experts)]
     if model.is_moe:
-        out.append(Param("mlp.router.weight", (model.n_experts, h), None, True))
+        out.append(Param("feed_forward.router.weight", (model.n_experts, h), None, True))
     for e in experts:
         if model.mlp == "swiglu":
-            out += [Param(f"mlp.{e}w1.weight", (f, h), 0, True),
-                    Param(f"mlp.{e}w3.weight", (f, h), 0, True),
-                    Param(f"mlp.{e}w2.weight", (h, f), 1, True)]
+            out += [Param(f"feed_forward.{e}w1.weight", (f, h), 0, True),
+                    Param(f"feed_forward.{e}w3.weight", (f, h), 0, True),
+                    Param(f"feed_forward.{e}w2.weight", (h, f), 1, True)]
             if model.bias:
-                out += [Param(f"mlp.{e}w1.bias", (f,), 0, False),
-                        Param(f"mlp.{e}w3.bias", (f,), 0, False),
-                        Param(f"mlp.{e}w2.bias", (h,), None, False)]
+                out += [Param(f"feed_forward.{e}w1.bias", (f,), 0, False),
+                        Param(f"feed_forward.{e}w3.bias", (f,), 0, False),
+                        Param(f"feed_forward.{e}w2.bias", (h,), None, False)]
         else:
-            out += [Param(f"mlp.{e}w1.weight", (f, h), 0, True),
-                    Param(f"mlp.{e}w2.weight", (h, f), 1, True)]
+            out += [Param(f"feed_forward.{e}w1.weight", (f, h), 0, True),
+                    Param(f"feed_forward.{e}w2.weight", (h, f), 1, True)]
             if model.bias:
-                out += [Param(f"mlp.{e}w1.bias", (f,), 0, False),
-                        Param(f"mlp.{e}w2.bias", (h,), None, False)]
+                out += [Param(f"feed_forward.{e}w1.bias", (f,), 0, False),
+                        Param(f"feed_forward.{e}w2.bias", (h,), None, False)]
     return tuple(out)
 
 

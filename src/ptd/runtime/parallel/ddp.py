@@ -35,7 +35,9 @@ from ...specs import ParallelPlan
 def apply_ddp(model: nn.Module, group: ProcessGroup, plan: ParallelPlan, device: torch.device) -> DDP:
     """Wrap a materialised, initialised model; DDP broadcasts rank 0's weights (which
     equal everyone's anyway: the initialisation is seeded by parameter name)."""
-    ddp = DDP(model, process_group=group, forward_sync_buffers=False,
+    # gradient_as_bucket_view: gradients live inside DDP's communication buckets instead of
+    # beside them, which saves one gradient-sized copy (the cost model assumes this).
+    ddp = DDP(model, process_group=group, forward_sync_buffers=False, gradient_as_bucket_view=True,
               device_ids=[device.index] if device.type == "cuda" else None)
     if plan.grad_compression == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-MODULES = ["calc", "estimate"]
+MODULES = ["calc", "estimate", "calibrate"]
 
 
 def load(name: str) -> ModuleType:

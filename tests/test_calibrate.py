@@ -61,7 +61,7 @@ def _synthetic(workers=(1, 2)):
             if rank < n:
                 rate = 60e9 / n
                 compute[str(n)] = {
-                    "gemm": {"fp32": {str(s): 3e-6 + 2 * s**3 / rate for s in (64, 128, 256)}},
+                    "gemm": {"fp32": {str(s): 3 * (3e-6 + 2 * s**3 / rate) for s in (64, 128, 256)}},
                     "attention": {"fp32": {"2x2x64x16": attention_flops("2x2x64x16") / (rate / 2)}},
                     "memory": {"copy": 2 * 2**20 / (10e9 / n), "add": 3 * 2**20 / (10e9 / n)},
                     "overhead": {"add": 2e-6 * n, "view": 1e-6 * n, "add_autograd": 3e-6 * n}}

@@ -154,8 +154,8 @@ def render(result: dict, path: Path) -> str:
             rows.append((dt, n, si(g["rate"], "FLOP/s"), duration(g["call_overhead"]),
                          f"{100 * g['rms_rel_err']:.1f}% / {100 * g['max_rel_err']:.1f}%",
                          "  ".join(f"{k}:{v / 1e9:.3g}" for k, v in g["sizes"].items())))
-    lines += ["", "matmul per worker, N at once: t = c + FLOPs/R (fit error rms / max; "
-              "GFLOP/s by size)",
+    lines += ["", "matmul per worker, N at once, a training step's three layouts (X W^T, dY W, "
+              "dY^T X): t = c + FLOPs/R per product (fit error rms / max; GFLOP/s by size)",
               table(rows, header=("dtype", "N", "R", "c", "fit err", "by size"), align="lrrrrl")]
     rows = [(n, si(m["copy"], "B/s"), si(m["add"], "B/s"), si(m["value"], "B/s"),
              *([duration(s["overhead"][n][k]) for k in ("add", "view", "add_autograd", "value")]

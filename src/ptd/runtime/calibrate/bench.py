@@ -73,6 +73,23 @@ class Sync:
         return min(self.window(fn, seconds, batch) for _ in range(repeats))
 
 
+def _three_layouts(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+    """The three products of a linear layer's training step, as many FLOPs each: forward
+    ``X W^T``, input gradient ``dY W``, weight gradient ``dY^T X``. Layouts run at very
+    different rates on some CPUs (bf16 without bf16 units: 0.5 / 4 / 10 GFLOP/s)."""
+    torch.mm(a, b.t(), out=c)
+    torch.mm(a, b, out=c)
+    torch.mm(a.t(), b, out=c)
+
+
+def _memory(nel: int, device: torch.device, sync: Sync, T: float, rep: int) -> dict:
+    """Seconds per large copy (reads and writes ``4 nel`` bytes each) and add (2 reads, 1
+    write), fp32, far larger than the caches."""
+    x, y, z = (torch.ones(nel, device=device) for _ in range(3))
+    return {"copy": sync.time(lambda: z.copy_(x), T, rep),
+            "add": sync.time(lambda: torch.add(x, y, out=z), T, rep)}
+
+
 def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
                   tick: Callable[[str], None]) -> dict:
     """Matmul, memory, operator-overhead and attention timings on one of ``n`` workers."""
@@ -84,17 +101,13 @@ def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
             a = torch.randn(s, s, device=device).to(DTYPES[dt])
             b = torch.randn(s, s, device=device).to(DTYPES[dt])
             c = torch.empty(s, s, device=device, dtype=DTYPES[dt])
-            res[str(s)] = t = sync.time(lambda: torch.mm(a, b, out=c), T, rep)
+            res[str(s)] = t = sync.time(lambda: _three_layouts(a, b, c), T, rep)
             if sync.agree(i >= 1 and t > plan["max_call_s"]):
                 break  # larger sizes would take too long (bf16 on a CPU without bf16 units)
         out["gemm"][dt] = res
         tick(f"matmul {dt} x{n}")
 
-    nel = plan["mem_bytes"] // 4
-    x, y, z = (torch.ones(nel, device=device) for _ in range(3))
-    out["memory"] = {"copy": sync.time(lambda: z.copy_(x), T, rep),
-                     "add": sync.time(lambda: torch.add(x, y, out=z), T, rep)}
-    del x, y, z
+    out["memory"] = _memory(plan["mem_bytes"] // 4, device, sync, T, rep)
     tick(f"memory x{n}")
 
     if device.type == "cpu":

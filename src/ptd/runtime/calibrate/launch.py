@@ -30,7 +30,7 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str) -
         gemm = [1024, 2048, 4096] if cuda else [64, 128, 256, 512]
         coll = [KiB, 32 * KiB, MiB, 4 * MiB]
         attn = [(2, 16, 1024, 128)] if cuda else [(2, 4, 128, 32)]
-        p = dict(window_s=0.02, repeats=2, max_call_s=0.03, mem_bytes=(256 if cuda else 16) * MiB,
+        p = dict(window_s=0.02, repeats=3, max_call_s=0.03, mem_bytes=(256 if cuda else 48) * MiB,
                  coll_budget=8 * MiB, coll_reps=(2, 10))
     else:
         gemm = ([512, 1024, 2048, 4096, 8192] if cuda

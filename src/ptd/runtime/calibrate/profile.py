@@ -1,7 +1,9 @@
 """From raw worker timings to fits and a hardware profile (pure Python, no torch).
 
-* matmul: per worker, ``t = c + 2 s^3 / R`` over the sizes ``s`` (relative-error least
-  squares, :mod:`.fit`); ``R`` averaged over the workers that ran at once.
+* matmul: each timed call is the three products of a linear layer's training step on
+  ``s x s`` matrices (``X W^T``, ``dY W``, ``dY^T X``: ``3 x 2 s^3`` FLOPs); per worker,
+  ``t = 3 c + 6 s^3 / R`` over the sizes (relative-error least squares, :mod:`.fit`), ``c``
+  the per-product overhead; ``R`` averaged over the workers that ran at once.
 * memory: bytes read + written per second of a large copy (2 passes) and add (3 passes);
   the profile keeps their mean.
 * operator overhead: seconds per call of a 1-element add, a view, and an add that records
@@ -25,7 +27,8 @@ from .fit import LinearFit, fit_linear, mean, median
 
 
 def _gemm_flops(size: str) -> float:
-    return 2.0 * int(size) ** 3
+    """FLOPs of one timed matmul call: three ``s x s x s`` products."""
+    return 3 * 2.0 * int(size) ** 3
 
 
 def attention_flops(shape: str) -> float:
@@ -53,7 +56,7 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
             sizes = per[0]["gemm"][dt].keys()
             rate = mean([1.0 / f.slope for f in fits])
             gemm.setdefault(dt, {})[n] = {
-                "rate": rate, "call_overhead": mean([f.intercept for f in fits]),
+                "rate": rate, "call_overhead": mean([f.intercept for f in fits]) / 3,
                 "rms_rel_err": max(f.rms_rel_err for f in fits),
                 "max_rel_err": max(f.max_rel_err for f in fits),
                 "sizes": {int(s): mean([_gemm_flops(s) / p["gemm"][dt][s] for p in per])

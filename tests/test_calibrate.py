@@ -124,6 +124,8 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
     home, out, err = calibrated
     path = home / "hardware" / "testbox.toml"
     assert out["path"] == str(path) and path.is_file()
+    raw = json.loads(path.with_suffix(".json").read_text())
+    assert raw["summary"]["gemm"]["fp32"]["1"]["sizes"]
     assert "calibrate [1/" in err  # progress, one line per stage off a terminal
     monkeypatch.setenv("PTD_HOME", str(home))
     by_name, by_path = load_hardware("testbox"), load_hardware(str(path))

@@ -10,7 +10,7 @@ every worker busy in some group, fitted as t = alpha + bus_factor * bytes / busb
 
 The profile overrides --base (default: cpu, or the detected GPU's preset) and goes to
 $PTD_HOME/hardware/NAME.toml (~/.ptd/hardware/ without PTD_HOME) unless --out says
-otherwise; `--hardware NAME` then finds it.
+otherwise; `--hardware NAME` then finds it. NAME.json beside it keeps every raw timing.
 
 Examples:
   ptd calibrate                                   # ~1.5 min on a 2-core CPU
@@ -183,5 +183,6 @@ def render(result: dict, path: Path) -> str:
         lines.append(f"not measured: {kind} ({err}); the cost model uses the link for it")
     from ..specs.hardware import hardware_home
     home = path.parent.resolve() == hardware_home().resolve()
-    lines += ["", f"wrote {path}  (use: --hardware {path.stem if home else path})"]
+    lines += ["", f"wrote {path}  (use: --hardware {path.stem if home else path}); raw timings "
+              f"and fits in {path.with_suffix('.json').name}"]
     return "\n".join(lines)

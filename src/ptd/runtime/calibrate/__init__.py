@@ -103,8 +103,12 @@ def _loadavg() -> float:
 
 
 def write_profile(result: dict[str, Any], path: Path) -> None:
-    """TOML with ``[hardware]`` (what ``load_hardware`` reads) and ``[meta]`` (ignored)."""
+    """TOML with ``[hardware]`` (what ``load_hardware`` reads) and ``[meta]`` (ignored), and
+    beside it ``NAME.json``: every raw timing, fit and table, for a second look."""
+    import json
     path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".json").write_text(json.dumps(
+        {k: result[k] for k in ("meta", "plan", "summary", "hardware")}, indent=1, default=str))
     head = ("# Hardware profile written by `ptd calibrate`; use it with --hardware "
             f"{path.stem} (in {path.parent}) or --hardware {path}.\n"
             "# [hardware] overrides the preset it names; [meta] says where it was measured.\n")

@@ -51,6 +51,17 @@ def test_attention_flops_count_the_causal_half_of_three_and_a_half_products():
     assert attention_flops("1x1x4x2") == pytest.approx(3.5 * 0.5 * 2 * (2 * 4 * 4 * 2))
 
 
+def test_plan_measures_pairs_for_send_recv_and_every_group_size():
+    from ptd.runtime.calibrate import make_plan, stage_labels
+    plan = make_plan([3, 8], ["fp32"], quick=True, device="cpu")
+    assert plan["group_sizes"] == [2, 3, 8] and plan["workers"] == [3, 8]
+    labels = stage_labels(plan)
+    assert [x for x in labels if x.startswith("send_recv")] == ["send_recv g=2"]
+    assert "overhead x8" in labels
+    assert make_plan([1], ["fp32"], quick=True, device="cpu")["group_sizes"] == []
+    assert "overhead x1" not in stage_labels(make_plan([1], ["bf16"], True, "cuda"))
+
+
 # ------------------------------------------------------------------ profile from timings
 def _synthetic(workers=(1, 2)):
     plan = {"workers": list(workers), "dtypes": ["fp32"], "mem_bytes": 2**20}

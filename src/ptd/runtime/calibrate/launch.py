@@ -25,7 +25,8 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str) -
     """Sizes, windows and repeats: the default calibration is ~1.5 minutes on a 2-core CPU,
     ``quick`` ~15 s."""
     cuda = device == "cuda"
-    group_sizes = sorted({n for n in workers if n >= 2})
+    # pipeline send/recv is always between pairs, so 2 is measured whenever it can be
+    group_sizes = sorted({n for n in workers if n >= 2} | ({2} if max(workers) >= 2 else set()))
     if quick:
         gemm = [1024, 2048, 4096] if cuda else [64, 128, 256, 512]
         coll = [KiB, 32 * KiB, MiB, 4 * MiB]

@@ -62,6 +62,16 @@ def test_plan_measures_pairs_for_send_recv_and_every_group_size():
     assert "overhead x1" not in stage_labels(make_plan([1], ["bf16"], True, "cuda"))
 
 
+def test_gpu_names_map_to_presets():
+    from ptd.runtime.calibrate import gpu_preset
+    assert gpu_preset("NVIDIA H100 80GB HBM3", 80e9) == "h100-sxm"
+    assert gpu_preset("NVIDIA H200", 141e9) == "h200"
+    assert gpu_preset("NVIDIA A100-SXM4-40GB", 40 * 2**30) == "a100-40g"
+    assert gpu_preset("NVIDIA A100-SXM4-80GB", 80 * 2**30) == "a100-80g"
+    assert gpu_preset("AMD Instinct MI300X", 192e9) == "mi300x"
+    assert gpu_preset("NVIDIA GeForce GTX 1080", 8e9) is None
+
+
 # ------------------------------------------------------------------ profile from timings
 def _synthetic(workers=(1, 2)):
     plan = {"workers": list(workers), "dtypes": ["fp32"], "mem_bytes": 2**20}

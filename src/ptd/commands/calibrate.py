@@ -2,8 +2,9 @@
 
 For each worker count N in --workers, N single-threaded worker processes run at once (the
 cores and memory are shared, so each gets its share, not a whole core): matmul rate per
-dtype (a fit of t = c + FLOPs/R over sizes), memory bandwidth (large copy and add),
-per-operator dispatch cost, and fused causal attention against the matmul rate. Then the
+dtype (a fit of t = c + FLOPs/R over sizes, each call the three products of a linear
+layer's training step), memory bandwidth (large copy and add), per-operator dispatch cost,
+and fused causal attention against the matmul rate. Then the
 collectives -- all-reduce, all-gather, reduce-scatter, broadcast, all-to-all, send/recv --
 over the real backend (gloo on CPU, NCCL on GPUs) for each group size in --workers, with
 every worker busy in some group, fitted as t = alpha + bus_factor * bytes / busbw.

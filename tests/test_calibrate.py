@@ -161,7 +161,10 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
         assert set(hw.gemm_flops_measured[dt]) == {1, 2}
     assert set(hw.memory_bandwidth_measured) == {1, 2} == set(hw.op_overhead_measured)
     # two workers share the cores: each is not faster than one alone (loose: noise)
-    assert hw.gemm_flops_measured["fp32"][2] <= 1.3 * hw.gemm_flops_measured["fp32"][1]
+    # (against the best single-worker rate, the profile's peak, so that one disturbed size
+    # of the 1-worker phase does not decide it)
+    assert hw.gemm_flops_measured["fp32"][2] <= 1.3 * hw.peak("fp32")
+    assert hw.peak("fp32") >= hw.gemm_flops_measured["fp32"][1]
     assert 0 < hw.attention_efficiency <= 1
     meta = out["meta"]
     assert meta["workers"] == [1, 2] and meta["quick"] is True

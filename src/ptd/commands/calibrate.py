@@ -1,0 +1,189 @@
+"""ptd calibrate: measure this machine and write a hardware profile for --hardware.
+
+For each worker count N in --workers, N single-threaded worker processes run at once (the
+cores and memory are shared, so each gets its share, not a whole core): matmul rate per
+dtype (a fit of t = c + FLOPs/R over sizes, each call the three products of a linear
+layer's training step), memory bandwidth (large copy and add), per-operator dispatch cost,
+and fused causal attention against the matmul rate. Then the
+collectives -- all-reduce, all-gather, reduce-scatter, broadcast, all-to-all, send/recv --
+over the real backend (gloo on CPU, NCCL on GPUs) for each group size in --workers, with
+every worker busy in some group, fitted as t = alpha + bus_factor * bytes / busbw.
+
+The profile overrides --base (default: cpu, or the detected GPU's preset) and goes to
+$PTD_HOME/hardware/NAME.toml (~/.ptd/hardware/ without PTD_HOME) unless --out says
+otherwise; `--hardware NAME` then finds it. NAME.json beside it keeps every raw timing.
+
+Examples:
+  ptd calibrate                                   # ~1.5 min on a 2-core CPU
+  ptd calibrate --quick --workers 1,2 --out /tmp/x.toml
+  ptd estimate --model small --hardware calibrated --gpus 4 --seq-len 256 --dtype fp32
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+from ..cli import emit_json
+from ..errors import PtdError
+from ..fmt import duration, si, table
+
+HELP = "measure this machine (matmul, memory, overhead, attention, collectives) into a profile"
+MAX_WORKERS = 8
+CALIBRATED_DTYPES = ("fp32", "bf16", "fp16")
+
+
+def worker_list(s: str) -> list[int]:
+    try:
+        v = sorted({int(x) for x in s.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected worker counts like 1,2,4, got {s!r}") from None
+    if not v or v[0] < 1 or v[-1] > MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"worker counts must be 1..{MAX_WORKERS}, got {s!r}")
+    return v
+
+
+def dtype_list(s: str) -> list[str]:
+    v = [x.strip() for x in s.split(",") if x.strip()]
+    bad = [x for x in v if x not in CALIBRATED_DTYPES]
+    if not v or bad:
+        raise argparse.ArgumentTypeError(f"dtypes must be among {','.join(CALIBRATED_DTYPES)}, "
+                                         f"got {s!r}")
+    return list(dict.fromkeys(v))
+
+
+def add(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=worker_list, metavar="N,N,...",
+                   help=f"worker counts to measure at once (default 1,2,4 on CPU; 1 and the "
+                        f"GPU count on GPUs; at most {MAX_WORKERS})")
+    p.add_argument("--dtypes", type=dtype_list, metavar="DT,DT",
+                   help="matmul/attention dtypes (default fp32,bf16 on CPU; bf16,fp32 on GPUs)")
+    p.add_argument("--name", default="calibrated", help="profile name (default calibrated)")
+    p.add_argument("--out", help="profile path, .toml (default $PTD_HOME/hardware/NAME.toml)")
+    p.add_argument("--base", help="preset the profile overrides (default cpu, or the GPU's)")
+    p.add_argument("--quick", action="store_true", help="small sizes, few repeats (~15 s)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _validate(a: argparse.Namespace) -> Path:
+    from ..specs.hardware import PRESETS, hardware_home
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", a.name):
+        raise PtdError(f"--name must be letters, digits, '_', '-' or '.', got {a.name!r}")
+    if a.name in PRESETS:
+        raise PtdError(f"--name {a.name!r} is a preset, which --hardware would pick first; "
+                       f"choose another")
+    if a.base is not None and a.base not in PRESETS:
+        raise PtdError(f"unknown --base {a.base!r}; choose a preset ({', '.join(PRESETS)})")
+    out = Path(a.out) if a.out else hardware_home() / f"{a.name}.toml"
+    if out.suffix != ".toml":
+        raise PtdError(f"--out must end in .toml (what --hardware reads as a file), got {out}")
+    if out.exists() and out.is_dir():
+        raise PtdError(f"--out {out} is a directory")
+    return out
+
+
+def run(a: argparse.Namespace) -> int:
+    out = _validate(a)
+    from ..runtime.calibrate import calibrate, detect, gpu_preset, make_plan, stage_labels
+    info = detect()
+    if info["device"] == "cuda":
+        workers = a.workers or sorted({1, info["count"]})
+        if workers[-1] > info["count"]:
+            raise PtdError(f"--workers {workers[-1]}: only {info['count']} GPU(s) here")
+        base = a.base or gpu_preset(info["name"], info["memory_bytes"])
+        if base is None:
+            raise PtdError(f"no preset matches GPU {info['name']!r}; name one with --base")
+        dtypes = a.dtypes or ["bf16", "fp32"]
+    else:
+        workers, base, dtypes = a.workers or [1, 2, 4], a.base or "cpu", a.dtypes or ["fp32", "bf16"]
+    labels = stage_labels(make_plan(workers, dtypes, a.quick, info["device"]))
+    print(f"ptd calibrate: {info['device']} ({info['name']}), workers {workers}, dtypes {dtypes}"
+          f"{', quick' if a.quick else ''}; {len(labels)} stages", file=sys.stderr)
+    with _Progress(len(labels)) as tick:
+        result = calibrate(workers, dtypes, a.quick, base, a.name, info, tick)
+    from ..runtime.calibrate import write_profile
+    write_profile(result, out)
+    if a.json:
+        emit_json({"path": str(out), **{k: result[k] for k in ("hardware", "meta", "summary")}})
+    else:
+        print(render(result, out))
+    return 0
+
+
+class _Progress:
+    """A tqdm bar on a terminal; one line per stage otherwise (logs, tests)."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.t0, self.bar = total, 0, time.monotonic(), None
+        if sys.stderr.isatty():
+            try:
+                from tqdm import tqdm
+                self.bar = tqdm(total=total, desc="calibrate", unit="stage", file=sys.stderr)
+            except ImportError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __call__(self, label: str) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.set_postfix_str(label)
+            self.bar.update(1)
+        else:
+            print(f"calibrate [{self.done}/{self.total}] {label} "
+                  f"({time.monotonic() - self.t0:.1f} s)", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def render(result: dict, path: Path) -> str:
+    """The printed summary of a calibration."""
+    s, hw, meta = result["summary"], result["hardware"], result["meta"]
+    lines = [f"calibrated {meta['device_name']} ({meta['device']}, {meta['cpu_count']} cores, "
+             f"torch {meta['torch']}) in {meta['seconds']} s; base preset {hw['preset']}",
+             f"load average before it started: {meta['load_before']} on {meta['cpu_count']} cores"
+             f"{' (other processes shared the machine)' if meta['load_before'] >= 0.5 else ''}"]
+    rows = []
+    for dt, per_n in s["gemm"].items():
+        for n, g in per_n.items():
+            rows.append((dt, n, si(g["rate"], "FLOP/s"), duration(g["call_overhead"]),
+                         f"{100 * g['rms_rel_err']:.1f}% / {100 * g['max_rel_err']:.1f}%",
+                         "  ".join(f"{k}:{v / 1e9:.3g}" for k, v in g["sizes"].items())))
+    lines += ["", "matmul per worker, N at once, a training step's three layouts (X W^T, dY W, "
+              "dY^T X): t = c + FLOPs/R per product (fit error rms / max; GFLOP/s by size)",
+              table(rows, header=("dtype", "N", "R", "c", "fit err", "by size"), align="lrrrrl")]
+    rows = [(n, si(m["copy"], "B/s"), si(m["add"], "B/s"), si(m["value"], "B/s"),
+             *([duration(s["overhead"][n][k]) for k in ("add", "view", "add_autograd", "value")]
+               if n in s["overhead"] else ["-"] * 4))
+            for n, m in s["memory"].items()]
+    lines += ["", "memory bandwidth and operator overhead per worker, N at once",
+              table(rows, header=("N", "copy", "add", "kept", "op add", "op view",
+                                  "op add+grad", "kept"))]
+    rows = [(dt, n, shape, si(a["flops_per_s"], "FLOP/s"), f"{a['ratio']:.2f}")
+            for dt, per_n in s["attention"].items() for n, att in per_n.items()
+            for shape, a in att.items()]
+    ratio = s["attention_ratio"]
+    lines += ["", "causal SDPA forward+backward (b x h x s x d) vs matmul rate R",
+              table(rows, header=("dtype", "N", "shape", "rate", "/ R")),
+              f"attention_efficiency = {hw.get('attention_efficiency', '-')}"
+              + (f" (measured {ratio:.2f}, clipped to 1)" if ratio and ratio > 1 else "")]
+    if s["collectives"]:
+        rows = [(c["kind"], c["group_size"], duration(c["alpha"]), si(c["bus_bandwidth"], "B/s"),
+                 f"{100 * c['rms_rel_err']:.0f}% / {100 * c['max_rel_err']:.0f}%",
+                 f"{len(c['times'])}: {si(min(c['times']), 'B')}..{si(max(c['times']), 'B')}")
+                for c in s["collectives"]]
+        lines += ["", "collectives: t = alpha + bus_factor * M / busbw (all groups busy at once)",
+                  table(rows, header=("kind", "group", "alpha", "busbw", "fit err", "sizes"))]
+    for kind, err in s["missing"].items():
+        lines.append(f"not measured: {kind} ({err}); the cost model uses the link for it")
+    from ..specs.hardware import hardware_home
+    home = path.parent.resolve() == hardware_home().resolve()
+    lines += ["", f"wrote {path}  (use: --hardware {path.stem if home else path}); raw timings "
+              f"and fits in {path.with_suffix('.json').name}"]
+    return "\n".join(lines)

@@ -1,0 +1,216 @@
+"""What one calibration worker measures (runs inside a worker process; torch here).
+
+Compute points run on the first ``n`` workers at once. Every point starts behind a barrier,
+times calls for a fixed wall-clock window, and then keeps calling until all ``n`` workers
+have closed their windows, so no worker's window ever runs with the machine to itself.
+Collectives run on every worker: ``n_max / g`` disjoint groups of ``g`` at once, as in a
+training run where every rank sits in some group.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Sync:
+    """Start ``n`` workers together; keep each busy until the others are done."""
+
+    def __init__(self, n: int, rank: int, barrier: Any, counter: Any, flag: Any,
+                 sync: Callable[[], None], timeout: float):
+        self.n, self.rank, self.barrier, self.counter, self.flag = n, rank, barrier, counter, flag
+        self.sync, self.timeout, self.points = sync, timeout, 0
+
+    def agree(self, decision: bool) -> bool:
+        """Rank 0's ``decision``, seen by all ``n`` (they must take the same branches). Its
+        next write comes after the next window's barrier, which every reader passes first."""
+        if self.n == 1:
+            return decision
+        if self.rank == 0:
+            self.flag.value = int(decision)
+        self.barrier.wait(self.timeout)
+        return bool(self.flag.value)
+
+    def window(self, fn: Callable[[], Any], seconds: float, batch: int) -> float:
+        """Seconds per call of ``fn`` over one window run on all ``n`` workers at once."""
+        if self.n > 1:
+            self.barrier.wait(self.timeout)
+        reps, t0 = 0, time.perf_counter()
+        while True:
+            for _ in range(batch):
+                fn()
+            self.sync()
+            reps += batch
+            elapsed = time.perf_counter() - t0
+            if elapsed >= seconds:
+                break
+        self.points += 1
+        if self.n > 1:
+            with self.counter.get_lock():
+                self.counter.value += 1
+            while self.counter.value < self.points * self.n:
+                fn()
+                self.sync()
+        return elapsed / reps
+
+    def time(self, fn: Callable[[], Any], seconds: float, repeats: int) -> float:
+        """Seconds per call: the fastest of ``repeats`` windows (after a warm-up call). Every
+        window has all ``n`` workers busy by construction, so the fastest is the one least
+        disturbed by processes outside the calibration."""
+        fn()
+        self.sync()
+        t = time.perf_counter()
+        fn()
+        self.sync()
+        est = max(time.perf_counter() - t, 1e-7)
+        batch = max(1, min(2000, int(seconds / 10 / est)))
+        return min(self.window(fn, seconds, batch) for _ in range(repeats))
+
+
+def _three_layouts(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+    """The three products of a linear layer's training step, as many FLOPs each: forward
+    ``X W^T``, input gradient ``dY W``, weight gradient ``dY^T X``. Layouts run at very
+    different rates on some CPUs (bf16 without bf16 units: 0.5 / 4 / 10 GFLOP/s)."""
+    torch.mm(a, b.t(), out=c)
+    torch.mm(a, b, out=c)
+    torch.mm(a.t(), b, out=c)
+
+
+def _memory(nel: int, device: torch.device, sync: Sync, T: float, rep: int) -> dict:
+    """Seconds per large copy (reads and writes ``4 nel`` bytes each) and add (2 reads, 1
+    write), fp32, far larger than the caches."""
+    x, y, z = (torch.ones(nel, device=device) for _ in range(3))
+    return {"copy": sync.time(lambda: z.copy_(x), T, rep),
+            "add": sync.time(lambda: torch.add(x, y, out=z), T, rep)}
+
+
+def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
+                  tick: Callable[[str], None]) -> dict:
+    """Matmul, memory, operator-overhead and attention timings on one of ``n`` workers."""
+    T, rep = plan["window_s"], plan["repeats"]
+    out: dict[str, Any] = {"gemm": {}, "attention": {}}
+    for dt in plan["dtypes"]:
+        res = {}
+        for i, s in enumerate(plan["gemm_sizes"]):
+            a = torch.randn(s, s, device=device).to(DTYPES[dt])
+            b = torch.randn(s, s, device=device).to(DTYPES[dt])
+            c = torch.empty(s, s, device=device, dtype=DTYPES[dt])
+            res[str(s)] = t = sync.time(lambda: _three_layouts(a, b, c), T, rep)
+            if sync.agree(i >= 1 and t > plan["max_call_s"]):
+                break  # larger sizes would take too long (bf16 on a CPU without bf16 units)
+        out["gemm"][dt] = res
+        tick(f"matmul {dt} x{n}")
+
+    out["memory"] = _memory(plan["mem_bytes"] // 4, device, sync, T, rep)
+    tick(f"memory x{n}")
+
+    if device.type == "cpu":
+        one, two = torch.ones(1), torch.ones(1)
+        leaf = torch.ones(1, requires_grad=True)
+        out["overhead"] = {"add": sync.time(lambda: torch.add(one, two), T / 2, rep),
+                           "view": sync.time(lambda: one.view(-1), T / 2, rep),
+                           "add_autograd": sync.time(lambda: torch.add(leaf, two), T / 2, rep)}
+        tick(f"overhead x{n}")
+
+    for dt in plan["dtypes"]:
+        res = {}
+        for shape in plan["attn_shapes"]:
+            q, k, v = (torch.randn(*shape, device=device).to(DTYPES[dt]).requires_grad_()
+                       for _ in range(3))
+            g = torch.randn(*shape, device=device).to(DTYPES[dt])
+
+            def step(q=q, k=k, v=v, g=g):
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                torch.autograd.grad(o, (q, k, v), g)
+
+            res["x".join(map(str, shape))] = t = sync.time(step, T, rep)
+            if sync.agree(t > plan["max_call_s"]):
+                break
+        out["attention"][dt] = res
+        tick(f"attention {dt} x{n}")
+    return out
+
+
+def _collective(kind: str, nbytes: int, g: int, rank: int, pg: Any,
+                device: torch.device) -> tuple[Callable[[], Any], int]:
+    """The call for one collective and the bytes ``M`` it moves in the cost model's terms
+    (the whole buffer for all-gather and reduce-scatter, each rank's input for all-to-all)."""
+    n = max(g, nbytes // 4 // g * g)
+    x = torch.zeros(n, device=device)
+    if kind == "all_reduce":
+        return (lambda: dist.all_reduce(x, group=pg)), 4 * n
+    if kind == "all_gather":
+        ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        part = torch.zeros(n // g, device=device)
+        return (lambda: ag(x, part, group=pg)), 4 * n
+    if kind == "reduce_scatter":
+        rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        part = torch.zeros(n // g, device=device)
+        return (lambda: rs(part, x, group=pg)), 4 * n
+    if kind == "broadcast":
+        src = rank // g * g
+        return (lambda: dist.broadcast(x, src=src, group=pg)), 4 * n
+    if kind == "all_to_all":
+        y = torch.zeros(n, device=device)
+        return (lambda: dist.all_to_all_single(y, x, group=pg)), 4 * n
+    if kind == "send_recv":
+        peer = rank ^ 1
+
+        def pingpong() -> None:
+            if rank % 2 == 0:
+                dist.send(x, dst=peer)
+                dist.recv(x, src=peer)
+            else:
+                dist.recv(x, src=peer)
+                dist.send(x, dst=peer)
+        return pingpong, 4 * n
+    raise ValueError(kind)
+
+
+def collective_suite(rank: int, nproc: int, plan: dict, device: torch.device, barrier: Any,
+                     timeout: float, tick: Callable[[str], None]) -> tuple[dict, dict]:
+    """Seconds per collective by (kind, group size, bytes) on this rank, and the kinds that
+    failed (kind -> error)."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    times: dict[str, dict[str, float]] = {}
+    missing: dict[str, str] = {}
+    for g in plan["group_sizes"]:
+        groups = [list(range(i * g, (i + 1) * g)) for i in range(nproc // g)]
+        pg = None if g == nproc else dist.new_subgroups_by_enumeration(groups)[0]
+        member = rank < len(groups) * g
+        for kind in plan["kinds"]:
+            if kind == "send_recv" and g != 2:
+                continue
+            key, res = f"{kind}:{g}", {}
+            for nbytes in plan["coll_sizes"]:
+                barrier.wait(timeout)  # every rank passes every barrier, member or not
+                if not member or kind in missing:
+                    continue
+                try:
+                    fn, m = _collective(kind, nbytes, g, rank, pg, device)
+                    fn()
+                except Exception as e:  # unsupported on this backend: record and go on
+                    missing[kind] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                    continue
+                reps = max(plan["coll_reps"][0], min(plan["coll_reps"][1],
+                                                     plan["coll_budget"] // m))
+                ts = []
+                for _ in range(plan["repeats"]):
+                    sync()
+                    t0 = time.perf_counter()
+                    for _ in range(reps):
+                        fn()
+                    sync()
+                    ts.append((time.perf_counter() - t0) / reps)
+                per_call = min(ts)  # the window least disturbed from outside
+                res[str(m)] = per_call / 2 if kind == "send_recv" else per_call
+            if res:
+                times[key] = res
+            tick(f"{kind} g={g}")
+    return times, missing

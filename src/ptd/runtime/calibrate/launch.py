@@ -1,0 +1,154 @@
+"""Start the calibration workers together, collect what they measured.
+
+One pool of ``max(workers)`` processes (spawned once: importing torch costs seconds) runs
+every phase; for a phase of ``n`` workers the first ``n`` measure and the rest sleep on a
+barrier (a semaphore, not a spinning collective). Each worker is one thread
+(``OMP_NUM_THREADS=1``), as ptd's training workers are.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
+KiB, MiB = 2**10, 2**20
+
+
+def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str) -> dict:
+    """Sizes, windows and repeats: the default calibration is ~1.5 minutes on a 2-core CPU,
+    ``quick`` ~15 s."""
+    cuda = device == "cuda"
+    # pipeline send/recv is always between pairs, so 2 is measured whenever it can be
+    group_sizes = sorted({n for n in workers if n >= 2} | ({2} if max(workers) >= 2 else set()))
+    if quick:
+        gemm = [1024, 2048, 4096] if cuda else [64, 128, 256, 512]
+        coll = [KiB, 32 * KiB, MiB, 4 * MiB]
+        attn = [(2, 16, 1024, 128)] if cuda else [(2, 4, 128, 32)]
+        p = dict(window_s=0.02, repeats=3, max_call_s=0.03, mem_bytes=(256 if cuda else 48) * MiB,
+                 coll_budget=8 * MiB, coll_reps=(2, 10))
+    else:
+        gemm = ([512, 1024, 2048, 4096, 8192] if cuda
+                else [64, 96, 128, 192, 256, 384, 512, 768])
+        coll = [KiB, 4 * KiB, 32 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB]
+        if cuda:
+            coll += [64 * MiB, 256 * MiB]
+        # the default CPU training model (``small``: 8 heads of 32, seq 256, micro-batch 4)
+        # and a wider one; on GPUs, Llama-like heads of 128
+        attn = ([(4, 16, 2048, 128), (2, 32, 4096, 128)] if cuda
+                else [(4, 8, 256, 32), (2, 8, 512, 64)])
+        p = dict(window_s=0.1, repeats=3, max_call_s=0.1, mem_bytes=(1024 if cuda else 64) * MiB,
+                 coll_budget=(1024 if cuda else 48) * MiB, coll_reps=(3, 40))
+    return dict(p, device=device, workers=sorted(set(workers)), dtypes=list(dtypes),
+                gemm_sizes=gemm, attn_shapes=attn, coll_sizes=coll, kinds=list(KINDS),
+                group_sizes=group_sizes)
+
+
+def stage_labels(plan: dict) -> list[str]:
+    """What rank 0 reports as it goes (the progress bar's steps)."""
+    out = []
+    for n in plan["workers"]:
+        out += [f"matmul {dt} x{n}" for dt in plan["dtypes"]] + [f"memory x{n}"]
+        if plan["device"] == "cpu":
+            out.append(f"overhead x{n}")
+        out += [f"attention {dt} x{n}" for dt in plan["dtypes"]]
+    for g in plan["group_sizes"]:
+        out += [f"{k} g={g}" for k in plan["kinds"] if k != "send_recv" or g == 2]
+    return out
+
+
+def _worker(rank: int, nproc: int, plan: dict, store: str, barriers: dict, counters: dict,
+            flags: dict, q: Any, timeout: float) -> None:
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from . import bench
+        torch.set_num_threads(1)
+        cuda = plan["device"] == "cuda"
+        device = torch.device(f"cuda:{rank}" if cuda else "cpu")
+        sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+        if cuda:
+            torch.cuda.set_device(device)
+        tick = (lambda label: q.put(("tick", label))) if rank == 0 else (lambda label: None)
+        out: dict[str, Any] = {"compute": {}, "collectives": {}, "missing": {}}
+        for n in plan["workers"]:
+            barriers[nproc].wait(timeout)
+            if rank < n:
+                s = bench.Sync(n, rank, barriers[n], counters[n], flags[n], sync, timeout)
+                out["compute"][str(n)] = bench.compute_suite(n, plan, device, s, tick)
+        if plan["group_sizes"]:
+            barriers[nproc].wait(timeout)
+            import datetime
+            dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{store}",
+                                    rank=rank, world_size=nproc,
+                                    timeout=datetime.timedelta(seconds=timeout))
+            try:
+                out["collectives"], out["missing"] = bench.collective_suite(
+                    rank, nproc, plan, device, barriers[nproc], timeout, tick)
+            finally:
+                dist.destroy_process_group()
+        q.put(("result", rank, out))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which stops the rest
+        q.put(("error", rank, traceback.format_exc()))
+
+
+def run_workers(plan: dict, on_tick: Callable[[str], None] = lambda s: None,
+                timeout: float = 600.0) -> list[dict]:
+    """Run the plan on ``max(workers)`` processes; one result dict per rank."""
+    nproc = max(plan["workers"])
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    barriers = {n: ctx.Barrier(n) for n in set(plan["workers"]) | {nproc}}
+    counters = {n: ctx.Value("l", 0) for n in plan["workers"]}
+    flags = {n: ctx.Value("b", 0) for n in plan["workers"]}
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    with tempfile.TemporaryDirectory(prefix="ptd-calibrate-") as tmp:
+        store = str(Path(tmp) / "store")
+        procs = [ctx.Process(target=_worker, daemon=True, name=f"ptd-calibrate-{r}",
+                             args=(r, nproc, plan, store, barriers, counters, flags, q, timeout))
+                 for r in range(nproc)]
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        results: dict[int, dict] = {}
+        deadline = time.monotonic() + timeout
+        try:
+            while len(results) < nproc:
+                try:
+                    msg = q.get(timeout=0.5)
+                except queue.Empty:
+                    dead = [p for p in procs if p.exitcode not in (None, 0)]
+                    if dead:
+                        raise RuntimeError(f"calibration worker {dead[0].name} died "
+                                           f"(exit code {dead[0].exitcode})") from None
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"calibration did not finish in {timeout:.0f} s")
+                    continue
+                if msg[0] == "tick":
+                    on_tick(msg[1])
+                elif msg[0] == "result":
+                    results[msg[1]] = msg[2]
+                else:
+                    raise RuntimeError(f"calibration worker {msg[1]} failed:\n{msg[2]}")
+            for p in procs:
+                p.join(30)
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+                    p.join(5)
+    return [results[r] for r in range(nproc)]

@@ -1,0 +1,137 @@
+"""From raw worker timings to fits and a hardware profile (pure Python, no torch).
+
+* matmul: each timed call is the three products of a linear layer's training step on
+  ``s x s`` matrices (``X W^T``, ``dY W``, ``dY^T X``: ``3 x 2 s^3`` FLOPs); per worker,
+  ``t = 3 c + 6 s^3 / R`` over the sizes (relative-error least squares, :mod:`.fit`), ``c``
+  the per-product overhead; ``R`` averaged over the workers that ran at once.
+* memory: bytes read + written per second of a large copy (2 passes) and add (3 passes);
+  the profile keeps their mean.
+* operator overhead: seconds per call of a 1-element add, a view, and an add that records
+  autograd history; the profile keeps their mean (the cost model's operator counts mix
+  all three kinds).
+* attention: causal SDPA forward + backward counted at ``3.5 x 0.5 x 4 b h s^2 d`` FLOPs (two
+  products forward, 2.5 backward, half of them masked), over the matmul rate ``R`` of the
+  same dtype and worker count.
+* collectives: ``t = alpha + bus_factor(kind, g) M / busbw`` with ``bus_factor`` from
+  :mod:`ptd.cost.comm`, so the fit means what the cost model reads.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ...cost.comm import bus_factor, latency_steps
+from ...specs.hardware import HardwareSpec
+from .fit import LinearFit, fit_linear, mean, median
+
+
+def _gemm_flops(size: str) -> float:
+    """FLOPs of one timed matmul call: three ``s x s x s`` products."""
+    return 3 * 2.0 * int(size) ** 3
+
+
+def attention_flops(shape: str) -> float:
+    b, h, s, d = map(int, shape.split("x"))
+    return 3.5 * 0.5 * 4.0 * b * h * s * s * d
+
+
+def _fit_dict(f: LinearFit) -> dict[str, Any]:
+    return {"rms_rel_err": f.rms_rel_err, "max_rel_err": f.max_rel_err, "clamped": f.clamped}
+
+
+def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
+    """Fits and tables from every rank's raw timings (see :func:`launch.run_workers`)."""
+    gemm: dict[str, dict[int, dict]] = {}
+    memory: dict[int, dict] = {}
+    overhead: dict[int, dict] = {}
+    attention: dict[str, dict[int, dict]] = {}
+    for n in plan["workers"]:
+        per = [r["compute"][str(n)] for r in results if str(n) in r["compute"]]
+        for dt in plan["dtypes"]:
+            fits = []
+            for p in per:
+                pts = p["gemm"][dt]
+                fits.append(fit_linear([_gemm_flops(s) for s in pts], list(pts.values())))
+            sizes = per[0]["gemm"][dt].keys()
+            rate = mean([1.0 / f.slope for f in fits])
+            gemm.setdefault(dt, {})[n] = {
+                "rate": rate, "call_overhead": mean([f.intercept for f in fits]) / 3,
+                "rms_rel_err": max(f.rms_rel_err for f in fits),
+                "max_rel_err": max(f.max_rel_err for f in fits),
+                "sizes": {int(s): mean([_gemm_flops(s) / p["gemm"][dt][s] for p in per])
+                          for s in sizes}}
+            att = {}
+            for shape in per[0]["attention"][dt]:
+                r = mean([attention_flops(shape) / p["attention"][dt][shape] for p in per])
+                att[shape] = {"flops_per_s": r, "ratio": r / rate}
+            attention.setdefault(dt, {})[n] = att
+        nbytes = plan["mem_bytes"] // 4 * 4
+        bw = {"copy": mean([2 * nbytes / p["memory"]["copy"] for p in per]),
+              "add": mean([3 * nbytes / p["memory"]["add"] for p in per])}
+        memory[n] = dict(bw, value=mean(list(bw.values())))
+        if "overhead" in per[0]:
+            ov = {k: mean([p["overhead"][k] for p in per]) for k in per[0]["overhead"]}
+            overhead[n] = dict(ov, value=mean(list(ov.values())))
+    collectives = []
+    for key in sorted(results[0]["collectives"], key=lambda k: (int(k.split(":")[1]), k)):
+        kind, g = key.split(":")[0], int(key.split(":")[1])
+        members = [r["collectives"][key] for r in results if key in r["collectives"]]
+        sizes = sorted(members[0], key=int)
+        ts = [mean([m[s] for m in members]) for s in sizes]
+        f = fit_linear([bus_factor(kind, g) * int(s) for s in sizes], ts)
+        collectives.append({"kind": kind, "group_size": g, "alpha": f.intercept,
+                            "bus_bandwidth": 1.0 / f.slope, **_fit_dict(f),
+                            "times": {int(s): t for s, t in zip(sizes, ts)}})
+    missing: dict[str, str] = {}
+    for r in results:
+        missing.update(r.get("missing", {}))
+    primary = plan["dtypes"][0]
+    ratios = [a["ratio"] for per_n in attention.get(primary, {}).values() for a in per_n.values()]
+    return {"gemm": gemm, "memory": memory, "overhead": overhead, "attention": attention,
+            "attention_ratio": median(ratios) if ratios else None,
+            "attention_dtype": primary, "collectives": collectives, "missing": missing}
+
+
+def profile_table(summary: dict, base: HardwareSpec, name: str, device: str,
+                  memory_bytes: float | None, note: str) -> dict[str, Any]:
+    """The ``[hardware]`` table: ``preset = base`` plus what was measured."""
+    hw: dict[str, Any] = {"preset": base.name, "name": name}
+    gemm = summary["gemm"]
+    hw["gemm_flops_measured"] = {dt: {str(n): v["rate"] for n, v in t.items()}
+                                 for dt, t in gemm.items()}
+    mem = summary["memory"]
+    hw["memory_bandwidth_measured"] = {str(n): v["value"] for n, v in mem.items()}
+    if device == "cpu":
+        # The cpu preset's "peak" is what one worker alone achieves; keep that meaning.
+        peak = dict(base.peak_flops)
+        for dt, t in gemm.items():
+            one = t[min(t)]
+            peak[dt] = max([one["rate"], *one["sizes"].values()])
+        hw.update(peak_flops=peak, gemm_efficiency=1.0, memory_efficiency=1.0,
+                  memory_bandwidth=mem[min(mem)]["value"])
+    if summary["overhead"]:
+        ov = summary["overhead"]
+        hw["op_overhead_measured"] = {str(n): v["value"] for n, v in ov.items()}
+        hw["op_overhead"] = ov[min(ov)]["value"]
+    if summary["attention_ratio"]:
+        hw["attention_efficiency"] = min(1.0, summary["attention_ratio"])
+    if memory_bytes:
+        hw["memory_bytes"] = float(memory_bytes)
+    fits = summary["collectives"]
+    if fits:
+        hw["collectives"] = [{k: c[k] for k in ("kind", "group_size", "alpha", "bus_bandwidth")}
+                             for c in fits]
+        ar = [c for c in fits if c["kind"] == "all_reduce"]
+        if ar:  # the link the cost model falls back to for anything not fitted
+            c = max(ar, key=lambda c: c["group_size"])
+            steps = min(latency_steps("all_reduce", c["group_size"], a) for a in ("ring", "tree"))
+            hw["intra_node"] = {"bandwidth": c["bus_bandwidth"], "efficiency": 1.0,
+                                "latency": c["alpha"] / max(steps, 1.0)}
+    fields = sorted(k for k in hw if k not in ("preset", "name"))
+    hw["sources"] = {"measured": f"{note}; fields: {', '.join(fields)}",
+                     **{f"{base.name}_{k}": v for k, v in base.sources.items()}}
+    for k, v in list(hw.items()):
+        if isinstance(v, float) and not (math.isfinite(v) and v > 0):
+            raise ValueError(f"calibration produced a bad {k}: {v}")
+    return hw

@@ -320,19 +320,26 @@ PRESETS: dict[str, HardwareSpec] = {
              bw=1600 * G, nvlink=196 * G, nic=25 * G, gemm_eff=0.8,
              gemm_src="assumed: no published MAMF for the 910B",
              spec_src="public reports (Huawei publishes few figures); approximate"),
-        # This class of machine (2-core AMD EPYC with AVX-512 BF16, gloo over shared memory),
-        # from ../shared/README.md: one thread ~61 GFLOP/s fp32 and ~180 bf16; two processes
-        # at once ~36 fp32 each; gloo all-reduce of 4-64 MB ~0.5-1 GB/s. These are defaults
-        # until `ptd calibrate` measures the machine it runs on.
+        # This class of machine: 2 cores of an AMD EPYC (Zen 3, AVX2 only -- no AVX-512, no
+        # bf16 units, so bf16 matmuls are emulated and ~18x slower than fp32), gloo over
+        # shared memory. Measured with `ptd calibrate --workers 1,2,4` on a quiet machine on
+        # 2026-11-22; values per worker with N workers at once (cores shared past 2). A
+        # profile from `ptd calibrate` on your own machine replaces them.
+        # (../shared/README.md describes an AVX-512-BF16 machine: ~61 GFLOP/s fp32 and ~180
+        # bf16 on one thread; this machine measured otherwise.)
         HardwareSpec(
-            name="cpu", peak_flops={"fp32": 61 * G, "bf16": 180 * G, "fp16": 180 * G},
-            memory_bytes=24 * GiB, memory_bandwidth=10 * G,
-            intra_node=LinkSpec(1.0 * G, 50e-6, 0.75), inter_node=LinkSpec(1.0 * G, 100e-6, 0.75),
-            devices_per_node=8, gemm_efficiency=1.0, memory_efficiency=1.0, op_overhead=10e-6,
-            host_bandwidth=10 * G,
-            gemm_flops_measured={"fp32": {1: 61 * G, 2: 36 * G}},
-            sources={"all": "../shared/README.md measurements of this machine class (2026-11); "
-                            "memory bandwidth and op overhead assumed until calibrated"}),
+            name="cpu", peak_flops={"fp32": 90.8 * G, "bf16": 5.07 * G, "fp16": 5.07 * G},
+            memory_bytes=24 * GiB, memory_bandwidth=19.3 * G,
+            intra_node=LinkSpec(1.24 * G, 664e-6, 1.0), inter_node=LinkSpec(1.0 * G, 100e-6, 1.0),
+            devices_per_node=8, gemm_efficiency=1.0, memory_efficiency=1.0, op_overhead=1.79e-6,
+            attention_efficiency=0.33, host_bandwidth=19.3 * G,
+            gemm_flops_measured={"fp32": {1: 90.8 * G, 2: 90.4 * G, 4: 43.0 * G},
+                                 "bf16": {1: 5.07 * G, 2: 5.06 * G, 4: 2.67 * G}},
+            memory_bandwidth_measured={1: 19.3 * G, 2: 14.0 * G, 4: 6.45 * G},
+            op_overhead_measured={1: 1.79e-6, 2: 1.77e-6, 4: 3.47e-6},
+            sources={"all": "ptd calibrate --workers 1,2,4 on this machine class (2-core AMD EPYC, "
+                            "AVX2), 2026-11-22; collectives: gloo all-reduce fit, group of 2",
+                     "inter_node": "assumed: no second node was measured"}),
     ]
 }
 

@@ -108,9 +108,14 @@ class BlockTime:
     backward: float
     attention_forward: float
     """The attention core's share of ``forward`` (what selective recompute repeats)."""
+    last_matmul_forward: float = 0.0
+    """The block's last product (MLP down projection), which an early-stopping full
+    recompute does not repeat (see :mod:`ptd.cost.flops`)."""
 
-    def recompute(self, kind: str) -> float:
-        return {"full": self.forward, "selective": self.attention_forward}.get(kind, 0.0)
+    def recompute(self, kind: str, early_stop: bool = True) -> float:
+        if kind == "full":
+            return self.forward - (self.last_matmul_forward if early_stop else 0.0)
+        return self.attention_forward if kind == "selective" else 0.0
 
 
 def scores_bytes_fwd(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, act_bytes: int) -> float:
@@ -147,7 +152,9 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
     ops = OPS_FWD[model.mlp], OPS_BWD[model.mlp]
     fwd = t_lin + t_attn + ew + ops[0] * overhead
     bwd = 2 * t_lin + t_attn_bwd + 2 * ew + ops[1] * overhead
-    return BlockTime(forward=fwd, backward=bwd, attention_forward=t_attn)
+    down = lin[-1]  # the block's last product (per expert for MoE)
+    return BlockTime(forward=fwd, backward=bwd, attention_forward=t_attn,
+                     last_matmul_forward=gemm_time(down, rate, bw, ab) + overhead)
 
 
 def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype: str,

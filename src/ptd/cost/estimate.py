@@ -35,6 +35,9 @@ class CostOptions:
     dp_overlap: bool = True
     """Data-parallel gradient reduction overlaps backward (PyTorch DDP and FSDP do; Megatron-LM
     added it only in 2023, ``--overlap-grad-reduce``, NVIDIA/Megatron-LM#391)."""
+    recompute_early_stop: bool = True
+    """Full recompute stops before each block's last product (PyTorch's non-reentrant
+    checkpoint); False re-runs the whole forward (Megatron-LM)."""
 
 
 @dataclass(frozen=True)
@@ -120,10 +123,11 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     compute-optimal budget of Hoffmann et al. 2022 (Chinchilla)."""
     if validate:
         plan.validate(model, cluster.n_devices)
-    fl = flops_per_token(model, plan.seq_len, plan.recompute)
+    fl = flops_per_token(model, plan.seq_len, plan.recompute, options.recompute_early_stop)
     mem = memory(model, plan, cluster.hardware.usable_memory, options.convention,
                  options.attention, options.gqa_expanded)
-    st = step_time(model, plan, cluster, options.attention, options.dp_overlap)
+    st = step_time(model, plan, cluster, options.attention, options.dp_overlap,
+                   options.recompute_early_stop)
     d = float(tokens) if tokens else 20.0 * model.param_count()
     return Estimate(model, cluster, plan, fl, mem, st, d)
 

@@ -20,6 +20,10 @@ multiply-add is 2 FLOPs, and only matrix multiplications count::
 **Hardware FLOPs** add what recomputation executes again: full recompute repeats each
 block's forward (``2 N_blocks + 4 L s H d`` per token), selective recompute repeats only the
 attention core (``4 L s H d``). MFU divides model FLOPs, HFU hardware FLOPs, by peak.
+PyTorch's non-reentrant checkpoint (ptd's runtime) *stops early*: it recomputes a block only
+until every tensor the backward needs is back, so it never re-runs the block's last product,
+the MLP down projection, whose output only feeds the residual add (``early_stop``, default
+True). Megatron-LM's full recompute re-runs the whole forward (``early_stop=False``).
 
 For GPT-shaped models (``F = 4h``, multi-head attention, learned positions) this is exactly
 the count of Narayanan et al. 2021 (arXiv 2104.04473, eq. 3) -- see
@@ -59,20 +63,30 @@ def forward_flops_per_token(model: ModelSpec, seq_len: int) -> float:
             + model.n_layers * attention_flops_per_token_layer(model, seq_len))
 
 
-def recompute_flops_per_token(model: ModelSpec, seq_len: int, recompute: str) -> float:
+def last_matmul_params(model: ModelSpec) -> int:
+    """Weights of a block's last product per token: the MLP down projection(s) visited."""
+    return model.hidden * model.ffn_hidden * (model.top_k if model.is_moe else 1)
+
+
+def recompute_flops_per_token(model: ModelSpec, seq_len: int, recompute: str,
+                              early_stop: bool = True) -> float:
     """Forward work repeated in backward by activation checkpointing."""
     attn = model.n_layers * attention_flops_per_token_layer(model, seq_len)
     if recompute == "full":
-        return 2.0 * model.n_layers * model.matmul_params_per_layer(active=True) + attn
+        per_layer = model.matmul_params_per_layer(active=True)
+        if early_stop:
+            per_layer -= last_matmul_params(model)
+        return 2.0 * model.n_layers * per_layer + attn
     if recompute == "selective":
         return attn
     return 0.0
 
 
-def flops_per_token(model: ModelSpec, seq_len: int, recompute: str = "none") -> FlopsPerToken:
+def flops_per_token(model: ModelSpec, seq_len: int, recompute: str = "none",
+                    early_stop: bool = True) -> FlopsPerToken:
     """Model and hardware FLOPs per token (see the module docstring for the convention)."""
     fwd = forward_flops_per_token(model, seq_len)
-    rc = recompute_flops_per_token(model, seq_len, recompute)
+    rc = recompute_flops_per_token(model, seq_len, recompute, early_stop)
     return FlopsPerToken(model=3.0 * fwd, hardware=3.0 * fwd + rc, forward=fwd, recompute=rc)
 
 

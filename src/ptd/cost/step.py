@@ -122,7 +122,8 @@ def _node_split(axis: str, dp: int, tp: int, pp: int, devices_per_node: int) -> 
 
 
 def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
-              attention: str = "flash", dp_overlap: bool = True) -> StepBreakdown:
+              attention: str = "flash", dp_overlap: bool = True,
+              recompute_early_stop: bool = True) -> StepBreakdown:
     hw = cluster.hardware
     ab = DTYPE_BYTES[plan.dtype]
     rate = cluster.gemm_rate(plan.dtype)
@@ -150,7 +151,7 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
         nl = layers[r]
         f = nl * blk.forward + (out_f if r == last else 0.0)
         b = nl * blk.backward + (out_b if r == last else 0.0)
-        rc = nl * blk.recompute(plan.recompute)
+        rc = nl * blk.recompute(plan.recompute, recompute_early_stop)
         tf = nl * tp_block_f + (tp_emb if r == first else 0.0) + (tp_out_f if r == last else 0.0)
         tb = nl * tp_block_b + (tp_out_b if r == last else 0.0)
         key = f + b + rc + tf + tb
@@ -198,7 +199,7 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
             gathers = m * nl * (2 if plan.zero == 3 else 1)  # ZeRO-3 gathers again for backward
             dp_total = gathers * ag_block + nl * rs_block
             blk_f = blk.forward + 2 * ar
-            blk_b = blk.backward + blk.recompute(plan.recompute) + 2 * ar
+            blk_b = blk.backward + blk.recompute(plan.recompute, recompute_early_stop) + 2 * ar
             if not dp_overlap:
                 blk_f = blk_b = 0.0
             hidden_ag = max(0.0, ag_block - blk_f)  # prefetch one block ahead

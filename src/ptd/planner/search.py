@@ -206,7 +206,8 @@ class _Pricer:
         self.model, self.cluster, self.options = model, cluster, options
         self.capacity = cluster.hardware.usable_memory
         self.tokens = float(tokens) if tokens else 20.0 * model.param_count()
-        self.flops = {rc: flops_per_token(model, seq_len, rc) for rc in RECOMPUTE}
+        self.flops = {rc: flops_per_token(model, seq_len, rc, options.recompute_early_stop)
+                      for rc in RECOMPUTE}
 
     def memory(self, plan: ParallelPlan):
         o = self.options
@@ -214,7 +215,8 @@ class _Pricer:
 
     def estimate(self, plan: ParallelPlan, mem) -> Estimate:
         o = self.options
-        st = step_time(self.model, plan, self.cluster, o.attention, o.dp_overlap)
+        st = step_time(self.model, plan, self.cluster, o.attention, o.dp_overlap,
+                       o.recompute_early_stop)
         return Estimate(self.model, self.cluster, plan, self.flops[plan.recompute], mem, st,
                         self.tokens)
 

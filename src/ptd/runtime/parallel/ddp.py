@@ -56,3 +56,47 @@ def zero1_optimizer(param_groups: list[dict[str, Any]], group: ProcessGroup, **a
     from torch.distributed.optim import ZeroRedundancyOptimizer
     return ZeroRedundancyOptimizer(param_groups, optimizer_class=torch.optim.AdamW,
                                    process_group=group, **adamw)
+
+
+class GradAllReduce:
+    """Data parallelism without DDP, for tensor- and pipeline-parallel models with zero 0/1.
+
+    DDP cannot wrap DTensor (tensor-parallel) parameters, and a pipeline stage's backward is
+    driven by the schedule, not by one ``loss.backward()``. So the runner calls this once
+    per optimizer step, after the last micro-batch's backward: every gradient (the local
+    shard of a DTensor one) is packed into one flat buffer per dtype, summed over the
+    dp group and divided by dp -- DDP's average, without its overlap with the backward.
+    """
+
+    def __init__(self, params: list[torch.Tensor], group: ProcessGroup, size: int) -> None:
+        self.params = params
+        self.group = group
+        self.size = size
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        import torch.distributed as dist
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+        from torch.distributed.tensor import DTensor
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for p in self.params:
+            g = p.grad
+            if g is None:
+                continue
+            g = g._local_tensor if isinstance(g, DTensor) else g
+            by_dtype.setdefault(g.dtype, []).append(g)
+        for grads in by_dtype.values():
+            flat = _flatten_dense_tensors(grads)
+            dist.all_reduce(flat, group=self.group)
+            flat.div_(self.size)
+            for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+                g.copy_(reduced)
+
+
+def dp_grad_sync(model: nn.Module, plan: ParallelPlan, group: ProcessGroup
+                 ) -> GradAllReduce | None:
+    """The explicit gradient average the runner must do, or None when DDP/FSDP do it (or
+    there is one replica)."""
+    if plan.dp == 1 or plan.zero >= 2 or (plan.tp == 1 and plan.pp == 1):
+        return None
+    return GradAllReduce([p for p in model.parameters() if p.requires_grad], group, plan.dp)

@@ -124,11 +124,13 @@ class PipelineRunner:
     """
 
     def __init__(self, build_schedule: Callable[[Callable], tuple[Any, Sequence[Any]]],
-                 precision: Precision,
+                 forward_only: Any, precision: Precision,
                  loss_context: Callable[[], ContextManager] = contextlib.nullcontext,
                  grad_sync: GradSync = None) -> None:
-        """``build_schedule(loss_fn)`` returns the schedule and this rank's stages."""
+        """``build_schedule(loss_fn)`` returns the schedule and this rank's stages;
+        ``forward_only`` (:class:`~ptd.runtime.parallel.pp.ForwardOnly`) evaluates."""
         self.schedule, stages = build_schedule(self.loss_fn)
+        self.forward_only = forward_only
         self.precision = precision
         self.loss_context = loss_context
         self.grad_sync = grad_sync
@@ -140,36 +142,37 @@ class PipelineRunner:
     def loss_fn(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return lm_loss_sum(output, targets) / self.step_tokens
 
-    def _run(self, micro_batches: Sequence[MicroBatch], train: bool) -> torch.Tensor:
-        self.step_tokens = replica_tokens(micro_batches)
-        args = (torch.cat([mb.inputs for mb in micro_batches]),) if self.first else ()
-        target = torch.cat([mb.targets for mb in micro_batches]) if self.reports_loss else None
-        losses: list[torch.Tensor] = []
-        with self.loss_context(), self.precision.autocast():
-            if train:
-                self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
-            else:
-                self.schedule.eval(*args, target=target, losses=losses)
-        total = torch.zeros((), dtype=torch.float32, device=micro_batches[0].inputs.device)
+    @staticmethod
+    def _sum(losses: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+        total = torch.zeros((), dtype=torch.float32, device=device)
         for loss in losses:
             total += plain(loss.detach()).float()
         return total
 
     def forward_backward(self, micro_batches: Sequence[MicroBatch]) -> torch.Tensor:
-        total = self._run(micro_batches, train=True)
+        self.step_tokens = replica_tokens(micro_batches)
+        args = (torch.cat([mb.inputs for mb in micro_batches]),) if self.first else ()
+        target = torch.cat([mb.targets for mb in micro_batches]) if self.reports_loss else None
+        losses: list[torch.Tensor] = []
+        with self.loss_context(), self.precision.autocast():
+            self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
         if self.grad_sync is not None:
             self.grad_sync()
-        return total
+        return self._sum(losses, micro_batches[0].inputs.device)
 
     @torch.no_grad()
     def evaluate(self, micro_batches: Sequence[MicroBatch]) -> torch.Tensor:
+        self.step_tokens = replica_tokens(micro_batches)
         for m in self.modules:
             m.eval()
         try:
-            return self._run(micro_batches, train=False)
+            with self.loss_context(), self.precision.autocast():
+                losses = self.forward_only.losses([mb.inputs for mb in micro_batches],
+                                                  [mb.targets for mb in micro_batches], self.loss_fn)
         finally:
             for m in self.modules:
                 m.train()
+        return self._sum(losses, micro_batches[0].inputs.device)
 
 
 def _chain(hooks: list[Callable[[], None]]) -> GradSync:
@@ -203,9 +206,10 @@ def make_runner(model: nn.Module, stage_modules: Sequence[nn.Module], stage_ids:
         loss_context = contextlib.nullcontext
     if plan.pp == 1:
         return AccumulationRunner(model, precision, loss_context, sync)
-    from .parallel.pp import build_schedule
+    from .parallel.pp import ForwardOnly, build_schedule
+    chunks, ids = list(stage_modules), list(stage_ids)
 
     def build(loss_fn: Callable) -> tuple[Any, Sequence[Any]]:
-        return build_schedule(list(stage_modules), list(stage_ids), plan, dims.group("pp"),
-                              dims.device, loss_fn)
-    return PipelineRunner(build, precision, loss_context, sync)
+        return build_schedule(chunks, ids, plan, dims.group("pp"), dims.device, loss_fn)
+    return PipelineRunner(build, ForwardOnly(chunks, ids, plan, dims.group("pp")), precision,
+                          loss_context, sync)

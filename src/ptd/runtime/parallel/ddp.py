@@ -53,9 +53,33 @@ def apply_ddp(model: nn.Module, group: ProcessGroup, plan: ParallelPlan, device:
 def zero1_optimizer(param_groups: list[dict[str, Any]], group: ProcessGroup, **adamw: Any
                     ) -> torch.optim.Optimizer:
     """AdamW whose states are sharded over ``group`` (ZeRO stage 1)."""
+    return _zero1_class()(param_groups, optimizer_class=torch.optim.AdamW, process_group=group,
+                          **adamw)
+
+
+def _zero1_class() -> type:
     from torch.distributed.optim import ZeroRedundancyOptimizer
-    return ZeroRedundancyOptimizer(param_groups, optimizer_class=torch.optim.AdamW,
-                                   process_group=group, **adamw)
+
+    class Zero1(ZeroRedundancyOptimizer):
+        """``ZeroRedundancyOptimizer`` that also takes tensor-parallel (DTensor) parameters.
+
+        Stock, it fails after the step: ``c10d.broadcast_`` has no DTensor sharding rule.
+        Each tp rank's dp group holds the same parameters (partitioned the same way by
+        their global sizes), so the owner broadcasting its *local* shard to the other
+        replicas is the whole update. AdamW itself runs on the DTensors (elementwise, no
+        communication)."""
+
+        def _broadcast_params_from_rank(self, rank: int) -> list:
+            if self.parameters_as_bucket_view:
+                return super()._broadcast_params_from_rank(rank)
+            import torch.distributed as dist
+            from torch.distributed.tensor import DTensor
+            src = dist.get_global_rank(self.process_group, rank)
+            return [dist.broadcast(p.data._local_tensor if isinstance(p.data, DTensor) else p.data,
+                                   src=src, group=self.process_group, async_op=True)
+                    for group in self._partition_parameters()[rank] for p in group["params"]]
+
+    return Zero1
 
 
 class GradAllReduce:

@@ -156,6 +156,10 @@ def pp_problem(model: ModelSpec, plan: ParallelPlan, *, compile: bool = False) -
             return (f"{plan.schedule} ({cls.__name__}) needs the micro-batches per step "
                     f"({m} = global_batch/(micro_batch*dp)) to be a multiple of "
                     f"max(1, {m} // pp) = {rounds}; try {rounds * plan.pp} micro-batches")
+    if plan.zero == 3 and cls in (ScheduleZBVZeroBubble, ScheduleInterleavedZeroBubble):
+        return ("zero-bubble schedules with zero 3 lose weight gradients in torch 2.13 (FSDP "
+                "reshards between the input and the weight backward; measured): use zero 2 or "
+                "another schedule")
     if model.tied_embeddings:
         return (f"{model.name}: tied embeddings with pp > 1 would need the first and last "
                 f"stages to keep two copies in sync; untie them (tied_embeddings = false) or use pp = 1")
@@ -164,3 +168,61 @@ def pp_problem(model: ModelSpec, plan: ParallelPlan, *, compile: bool = False) -
     if compile and cls in (ScheduleZBVZeroBubble, ScheduleInterleavedZeroBubble):
         return "zero-bubble schedules cannot run torch.compile'd blocks (torch 2.13); drop --compile"
     return None
+
+
+class ForwardOnly:
+    """The pipeline's forward pass without a schedule, for evaluation: micro-batch after
+    micro-batch, stage after stage, in one global order every rank follows (running only
+    its own stages), with blocking point-to-point sends of the activations. No overlap --
+    evaluation is rare -- but it works for every placement, V included (torch 2.13's
+    ``eval()`` of the zero-bubble schedules fails)."""
+
+    def __init__(self, chunks: list[nn.Module], stage_ids: list[int], plan: ParallelPlan,
+                 group: Any) -> None:
+        import torch.distributed as dist
+        self.plan = plan
+        self.group = group
+        self.mine = dict(zip(stage_ids, chunks))
+        self.global_rank = {s: dist.get_global_rank(group, stage_to_rank(s, plan))
+                            for s in range(plan.n_stages)}
+
+    def _send(self, t: torch.Tensor, stage: int) -> None:
+        import torch.distributed as dist
+        t = t.contiguous()
+        head = torch.tensor([_DTYPES.index(t.dtype), t.ndim, *t.shape], dtype=torch.int64)
+        dist.send(torch.tensor([head.numel()]), self.global_rank[stage])
+        dist.send(head, self.global_rank[stage])
+        dist.send(t, self.global_rank[stage])
+
+    def _recv(self, stage: int, device: torch.device) -> torch.Tensor:
+        import torch.distributed as dist
+        n = torch.zeros(1, dtype=torch.int64)
+        dist.recv(n, self.global_rank[stage])
+        head = torch.zeros(int(n), dtype=torch.int64)
+        dist.recv(head, self.global_rank[stage])
+        dtype, shape = _DTYPES[int(head[0])], [int(x) for x in head[2:]]
+        t = torch.empty(shape, dtype=dtype, device=device)
+        dist.recv(t, self.global_rank[stage])
+        return t
+
+    @torch.no_grad()
+    def losses(self, inputs: list[torch.Tensor], targets: list[torch.Tensor],
+               loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
+        """This rank's losses (one per micro-batch if it holds the last stage, else none)."""
+        out, last = [], self.plan.n_stages - 1
+        for x0, target in zip(inputs, targets):
+            x = x0
+            for s in range(self.plan.n_stages):
+                if s not in self.mine:
+                    continue
+                if s > 0 and s - 1 not in self.mine:
+                    x = self._recv(s - 1, x0.device)
+                x = self.mine[s](x)
+                if s == last:
+                    out.append(loss_fn(x, target))
+                elif s + 1 not in self.mine:
+                    self._send(x, s + 1)
+        return out
+
+
+_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64]

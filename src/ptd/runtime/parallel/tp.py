@@ -87,9 +87,6 @@ def tp_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
     if plan.sp and model.position == "learned":
         return (f"{model.name}: sequence parallel needs RoPE positions; learned position "
                 f"embeddings are added to the whole sequence (use --sp only with RoPE models)")
-    if plan.zero == 1:
-        return ("zero 1 (ZeroRedundancyOptimizer) cannot shard tensor-parallel DTensor "
-                "parameters; use zero 0 (replicated states) or zero 2/3 (FSDP over dp) with tp > 1")
     return None
 
 

@@ -66,7 +66,9 @@ def count_params(model: torch.nn.Module, dims: ParallelDims) -> int:
 
 def build_trainer(cfg: TrainConfig, dims: ParallelDims) -> Trainer:
     plan = cfg.plan
-    torch.manual_seed(cfg.seed * 100_003 + dims.rank)  # dropout streams differ per rank
+    # Dropout streams differ per replica and pipeline rank, not between tensor-parallel peers:
+    # their replicated activations (the residual stream) must get the same masks.
+    torch.manual_seed(cfg.seed * 100_003 + dims.rank // plan.tp)
     model, stage_modules, stage_ids = split_model(build_model(cfg.model), plan, dims.coords["pp"])
     model = parallelize(model, plan, dims, seed=cfg.seed, compile=cfg.compile, roots=stage_modules)
     optimizer = build_optimizer(model, cfg.optim, zero=plan.zero, dp_group=dims.group("dp"))

@@ -66,7 +66,7 @@ def plain(t: torch.Tensor) -> torch.Tensor:
 
 
 class AccumulationRunner:
-    """Gradient accumulation over micro-batches for DDP / ZeRO / single process.
+    """Gradient accumulation over micro-batches for DDP / ZeRO / tensor parallel / one process.
 
     Gradient synchronisation (DDP's bucketed all-reduce, FSDP's reduce-scatter) happens only
     in the backward of the last micro-batch: ``no_sync`` / ``set_requires_gradient_sync``."""

@@ -81,14 +81,6 @@ def test_runtime_and_flag_errors_one_line(ptd_cli, no_workers, tmp_path, flags, 
     _assert_refused(rc, err, out, match)
 
 
-def test_tensor_parallel_refused_until_implemented(ptd_cli, no_workers, tmp_path):
-    cfg = tmp_path / "run.toml"
-    cfg.write_text(dumps({"model": {"preset": "tiny"}, "plan": {**BASE_PLAN, "tp": 2}}))
-    out = tmp_path / "out"
-    rc, _, err = ptd_cli("train", "--config", str(cfg), "--out", str(out))
-    _assert_refused(rc, err, out, "not in the runtime yet")
-
-
 def test_nproc_sets_dp_and_dry_run_writes_reproducible_config(ptd_cli, no_workers, tmp_path):
     out = tmp_path / "out"
     rc, stdout, err = ptd_cli("train", "--nproc", "2", "--model", "tiny", "--zero", "3",

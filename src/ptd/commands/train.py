@@ -8,6 +8,7 @@ which overrides the defaults; the fully resolved config is written to OUT/config
   ptd train                                          # the default run, 4 workers
   ptd train --nproc 2 --zero 3 --model tiny --steps 20
   ptd train --nproc 1 --dtype bf16 --recompute full --data 'docs/**/*.md'
+  ptd train --nproc 8 --pp 2 --dp 2 --tp 2 --zero 1 --sp --model tiny --global-batch 8
   ptd train --config run.toml --dry-run --nproc 16   # validate and write OUT/config.toml only
 
 With --nproc N (default: the plan's world size) N workers start on this host through
@@ -34,6 +35,15 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="preset, model .toml, or Hugging Face config.json/folder")
     g = p.add_argument_group("plan")
     g.add_argument("--dp", type=positive_int, help="data-parallel replicas")
+    g.add_argument("--tp", type=positive_int, help="tensor-parallel degree (consecutive ranks)")
+    g.add_argument("--pp", type=positive_int, help="pipeline-parallel stages (ranks)")
+    g.add_argument("--vpp", type=positive_int, help="virtual pipeline stages per rank")
+    g.add_argument("--sp", action="store_true", default=None,
+                   help="sequence parallel (norms sharded along the sequence; needs tp > 1)")
+    g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"),
+                   help="pipeline schedule (pp > 1)")
+    g.add_argument("--uneven-stages", action="store_true", default=None,
+                   help="allow layers not divisible by the stages (cost-balanced split)")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3),
                    help="0 DDP, 1 sharded optimizer states, 2 +gradients (FSDP), 3 +parameters")
     g.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch per replica")
@@ -64,8 +74,8 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="validate and write OUT/config.toml, start nothing (--nproc = total world)")
 
 
-_PLAN_FLAGS = ("dp", "zero", "micro_batch", "global_batch", "seq_len", "recompute", "dtype",
-               "offload", "grad_compression")
+_PLAN_FLAGS = ("dp", "tp", "pp", "vpp", "sp", "schedule", "uneven_stages", "zero", "micro_batch",
+               "global_batch", "seq_len", "recompute", "dtype", "offload", "grad_compression")
 _TOP_FLAGS = {"steps": "steps", "seed": "seed", "out": "out", "compile": "compile",
               "threads": "threads", "timeout": "timeout_s", "max_restarts": "max_restarts",
               "log_every": "log_every", "eval_every": "eval_every"}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -95,12 +96,18 @@ def init_weights(model: nn.Module, seed: int, init_std: float, n_layers: int) ->
         _assign(p, full.to(device=p.device, dtype=p.dtype))
 
 
-def materialize(model: nn.Module, device: torch.device | str, seed: int) -> nn.Module:
+def materialize(model: nn.Module, device: torch.device | str, seed: int,
+                roots: Sequence[nn.Module] = ()) -> nn.Module:
     """Allocate a (possibly sharded) meta model on ``device`` and initialise it.
 
     Works before or after FSDP's ``fully_shard`` (which shards meta parameters in place),
-    so no rank ever holds more than its shard plus one full tensor in flight."""
+    so no rank ever holds more than its shard plus one full tensor in flight. ``roots``:
+    FSDP roots outside ``model``'s module tree that share its modules (pipeline stage
+    views); they are re-registered on the new storage too."""
     model.to_empty(device=device)
+    for root in roots:
+        if root is not model:
+            root.to_empty(device=device)  # FSDP re-reads the sharded parameters it manages
     inner = _unwrap(model)
     inner.tie_weights()
     inner.init_buffers()

@@ -40,10 +40,15 @@ def check_runtime(cfg: TrainConfig, nproc: int, this_host: bool = True) -> None:
     """What the plan allows but this runtime cannot do (yet), or this machine cannot.
     ``this_host``: all ``nproc`` workers run here (not so for a multi-node dry run)."""
     import torch
+    from .parallel.pp import pp_problem
+    from .parallel.tp import tp_problem
     plan = cfg.plan
-    if plan.tp > 1 or plan.pp > 1 or plan.sp:
-        raise PtdError("tensor, sequence and pipeline parallelism are not in the runtime yet; "
-                       "use tp = pp = 1")
+    problem = tp_problem(cfg.model, plan) or pp_problem(cfg.model, plan, compile=cfg.compile)
+    if problem:
+        raise PtdError(problem)
+    if plan.grad_compression != "none" and (plan.tp > 1 or plan.pp > 1):
+        raise PtdError("gradient compression hooks need DDP, which tp > 1 or pp > 1 do not use "
+                       "(their gradients are averaged over dp by the runner); use none")
     if cfg.model.is_moe:
         raise PtdError(f"{cfg.model.name}: mixture-of-experts models build but cannot be trained yet")
     if plan.dtype == "fp16" and not torch.cuda.is_available():

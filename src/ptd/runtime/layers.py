@@ -50,9 +50,12 @@ def rope_tables(head_dim: int, max_len: int, theta: float, device: torch.device 
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` of shape ``(b, s, heads, d)`` by position; tables are ``(s, d)``."""
-    cos = cos[None, :, None, :].to(x.dtype)
-    sin = sin[None, :, None, :].to(x.dtype)
+    """Rotate ``x`` of shape ``(b, s, heads, d)`` by position; tables are ``(>= s, d)`` and
+    sliced here, where the sequence is whole (under sequence parallelism a stage's input
+    is only a shard of it)."""
+    s = x.shape[1]
+    cos = cos[None, :s, None, :].to(x.dtype)
+    sin = sin[None, :s, None, :].to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 

@@ -96,13 +96,13 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = tokens
-        seq = tokens.shape[1]
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(tokens)
             if self.pos_embeddings is not None:
-                h = h + self.pos_embeddings(torch.arange(seq, device=tokens.device))
+                h = h + self.pos_embeddings(torch.arange(tokens.shape[1], device=tokens.device))
             h = F.dropout(h, self.spec.dropout, self.training)
-        rope = (self.rope_cos[:seq], self.rope_sin[:seq]) if self.rope_cos is not None else None
+        # Whole tables: attention slices them to its (whole) sequence length.
+        rope = (self.rope_cos, self.rope_sin) if self.rope_cos is not None else None
         for layer in self.layers.values():
             h = layer(h, rope)
         if self.norm is not None:

@@ -72,7 +72,9 @@ def _sharded_axes(t: DTensor) -> tuple[int, ...]:
     # Gradients come out of FSDP / tensor parallelism reduced: Shard or Replicate, never
     # Partial (a Partial gradient would need reducing before its norm means anything).
     assert not any(p.is_partial() for p in t.placements), "unreduced (Partial) gradient"
-    return tuple(i for i, p in enumerate(t.placements) if p.is_shard())
+    # Not ``is_shard()``: FSDP over a tensor-parallel dim-0 shard places ``_StridedShard``
+    # on the dp axis, for which ``is_shard()`` is False.
+    return tuple(i for i, p in enumerate(t.placements) if not p.is_replicate())
 
 
 @torch.no_grad()

@@ -13,22 +13,32 @@ reporting ranks is that mean.
 
 * :class:`AccumulationRunner` (here): micro-batches one after another, gradients
   accumulated, reduced across replicas only during the last micro-step.
-* A pipeline runner (next issue) calls ``schedule.step(inputs, target=targets,
-  losses=...)`` on stage modules; its loss function is the same ``lm_loss_sum / tokens``;
-  only the last stage ``reports_loss``.
+* :class:`PipelineRunner` (here): ``schedule.step(inputs, target=targets, losses=...)`` over
+  this rank's pipeline stages; its loss function is the same ``lm_loss_sum / tokens``; only
+  the ranks holding the last stage ``reports_loss``.
+
+:func:`make_runner` is the one place that picks the runner for a plan. With tensor
+parallelism the output layer returns vocabulary-sharded logits and both runners compute
+the loss and run the backward under ``loss_parallel()`` (the full logits are never
+gathered); with tp > 1 or pp > 1 and zero 0/1 they also average gradients over the
+data-parallel group themselves (:class:`~ptd.runtime.parallel.ddp.GradAllReduce`).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+import contextlib
+from typing import Any, Callable, ContextManager, Protocol, Sequence
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from .data import MicroBatch
 from .model import lm_loss_sum
 from .parallel import gradient_sync
 from .precision import Precision
+
+GradSync = Callable[[], None] | None
 
 
 class StepRunner(Protocol):
@@ -50,17 +60,26 @@ def replica_tokens(micro_batches: Sequence[MicroBatch]) -> int:
     return sum(mb.n_tokens for mb in micro_batches)
 
 
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """A loss as a plain tensor (under ``loss_parallel`` it is a replicated DTensor)."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 class AccumulationRunner:
-    """Gradient accumulation over micro-batches for DDP / ZeRO / single process.
+    """Gradient accumulation over micro-batches for DDP / ZeRO / tensor parallel / one process.
 
     Gradient synchronisation (DDP's bucketed all-reduce, FSDP's reduce-scatter) happens only
     in the backward of the last micro-batch: ``no_sync`` / ``set_requires_gradient_sync``."""
 
     reports_loss = True
 
-    def __init__(self, model: nn.Module, precision: Precision) -> None:
+    def __init__(self, model: nn.Module, precision: Precision,
+                 loss_context: Callable[[], ContextManager] = contextlib.nullcontext,
+                 grad_sync: GradSync = None) -> None:
         self.model = model
         self.precision = precision
+        self.loss_context = loss_context
+        self.grad_sync = grad_sync
 
     def forward(self, mb: MicroBatch, step_tokens: int) -> torch.Tensor:
         with self.precision.autocast():
@@ -75,10 +94,12 @@ class AccumulationRunner:
         total = torch.zeros((), dtype=torch.float32, device=micro_batches[0].inputs.device)
         last = len(micro_batches) - 1
         for i, mb in enumerate(micro_batches):
-            with gradient_sync(self.model, enabled=i == last):
+            with gradient_sync(self.model, enabled=i == last), self.loss_context():
                 loss = self.forward(mb, step_tokens)
                 self.backward(loss)
-            total += loss.detach()
+            total += plain(loss.detach())
+        if self.grad_sync is not None:
+            self.grad_sync()
         return total
 
     @torch.no_grad()
@@ -86,6 +107,109 @@ class AccumulationRunner:
         self.model.eval()
         try:
             step_tokens = replica_tokens(micro_batches)
-            return sum(self.forward(mb, step_tokens) for mb in micro_batches)  # type: ignore[return-value]
+            with self.loss_context():
+                return sum(plain(self.forward(mb, step_tokens)) for mb in micro_batches)  # type: ignore[return-value]
         finally:
             self.model.train()
+
+
+class PipelineRunner:
+    """One optimizer step = one run of the pipeline schedule over all micro-batches.
+
+    Every rank passes the whole replica batch (the schedule cuts it into the plan's
+    micro-batches): the first stage uses the inputs, the last the targets. The last
+    stage's losses (each ``lm_loss_sum / replica tokens``) add up to the replica's mean
+    token loss; other ranks return 0 and do not report. Gradient synchronisation over dp
+    is FSDP's (the stages drive its reduce-scatter at the last backward) or ``grad_sync``.
+    """
+
+    def __init__(self, build_schedule: Callable[[Callable], tuple[Any, Sequence[Any]]],
+                 forward_only: Any, precision: Precision,
+                 loss_context: Callable[[], ContextManager] = contextlib.nullcontext,
+                 grad_sync: GradSync = None) -> None:
+        """``build_schedule(loss_fn)`` returns the schedule and this rank's stages;
+        ``forward_only`` (:class:`~ptd.runtime.parallel.pp.ForwardOnly`) evaluates."""
+        self.schedule, stages = build_schedule(self.loss_fn)
+        self.forward_only = forward_only
+        self.precision = precision
+        self.loss_context = loss_context
+        self.grad_sync = grad_sync
+        self.first = any(s.is_first for s in stages)
+        self.reports_loss = any(s.is_last for s in stages)
+        self.modules = [s.submod for s in stages]
+        self.step_tokens = 1
+
+    def loss_fn(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return lm_loss_sum(output, targets) / self.step_tokens
+
+    @staticmethod
+    def _sum(losses: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+        total = torch.zeros((), dtype=torch.float32, device=device)
+        for loss in losses:
+            total += plain(loss.detach()).float()
+        return total
+
+    def forward_backward(self, micro_batches: Sequence[MicroBatch]) -> torch.Tensor:
+        self.step_tokens = replica_tokens(micro_batches)
+        args = (torch.cat([mb.inputs for mb in micro_batches]),) if self.first else ()
+        target = torch.cat([mb.targets for mb in micro_batches]) if self.reports_loss else None
+        losses: list[torch.Tensor] = []
+        with self.loss_context(), self.precision.autocast():
+            self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        if self.grad_sync is not None:
+            self.grad_sync()
+        return self._sum(losses, micro_batches[0].inputs.device)
+
+    @torch.no_grad()
+    def evaluate(self, micro_batches: Sequence[MicroBatch]) -> torch.Tensor:
+        self.step_tokens = replica_tokens(micro_batches)
+        for m in self.modules:
+            m.eval()
+        try:
+            with self.loss_context(), self.precision.autocast():
+                losses = self.forward_only.losses([mb.inputs for mb in micro_batches],
+                                                  [mb.targets for mb in micro_batches], self.loss_fn)
+        finally:
+            for m in self.modules:
+                m.train()
+        return self._sum(losses, micro_batches[0].inputs.device)
+
+
+def _chain(hooks: list[Callable[[], None]]) -> GradSync:
+    if not hooks:
+        return None
+
+    def run_all() -> None:
+        for hook in hooks:
+            hook()
+    return run_all
+
+
+def make_runner(model: nn.Module, stage_modules: Sequence[nn.Module], stage_ids: Sequence[int],
+                dims: Any, precision: Precision) -> StepRunner:
+    """The runner for ``dims.plan``: a pipeline schedule when pp > 1, else accumulation.
+    ``stage_modules``/``stage_ids``: this rank's pipeline stages (see ``parallel.pp``)."""
+    from .parallel.ddp import dp_grad_sync
+    from .parallel.tp import ReducePartialGrads
+    plan = dims.plan
+    hooks: list[Callable[[], None]] = []
+    if plan.tp > 1 and plan.zero < 2:  # (FSDP reduces tp-partial gradients itself)
+        hooks.append(ReducePartialGrads(list(model.parameters())))
+    dp_sync = dp_grad_sync(model, plan, dims.group("dp"))
+    if dp_sync is not None:
+        hooks.append(dp_sync)
+    sync = _chain(hooks)
+    if plan.tp > 1:
+        from torch.distributed.tensor.parallel import loss_parallel
+        loss_context: Callable[[], ContextManager] = loss_parallel
+    else:
+        loss_context = contextlib.nullcontext
+    if plan.pp == 1:
+        return AccumulationRunner(model, precision, loss_context, sync)
+    from .parallel.pp import ForwardOnly, build_schedule
+    chunks, ids = list(stage_modules), list(stage_ids)
+
+    def build(loss_fn: Callable) -> tuple[Any, Sequence[Any]]:
+        return build_schedule(chunks, ids, plan, dims.group("pp"), dims.device, loss_fn)
+    return PipelineRunner(build, ForwardOnly(chunks, ids, plan, dims.group("pp")), precision,
+                          loss_context, sync)

@@ -31,23 +31,46 @@ from .metrics import RunLog
 from .model import build_model
 from .optim import build_optimizer
 from .parallel import parallelize, unwrap
+from .parallel.pp import split_model
 from .precision import Precision
-from .step import AccumulationRunner
+from .step import make_runner
 from .trainer import Trainer
 
 
 def dump_params(model: torch.nn.Module, path: Path, dims: ParallelDims) -> None:
-    """Full (unsharded) state dict on rank 0; a collective: every rank must call it."""
+    """Full (unsharded) state dict of the whole model on rank 0; a collective: every rank
+    must call it. Each pipeline stage's is gathered over its dp/tp shards, then the stages'
+    are collected on rank 0 (over the pp group of rank 0)."""
+    import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # (not cpu_offload: with it, only global rank 0 would get a state dict)
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    sd = {k: v.detach().cpu().clone() for k, v in sd.items()}
+    if dims.plan.pp > 1 and dims.coords["dp"] == 0 and dims.coords["tp"] == 0:
+        parts: list | None = [None] * dims.plan.pp if dims.is_main else None
+        dist.gather_object(sd, parts, dst=0, group=dims.group("pp"))
+        if parts is not None:
+            sd = {k: v for part in parts for k, v in part.items()}
     if dims.is_main:
-        torch.save({k: v.detach().clone() for k, v in sd.items()}, path)
+        torch.save(sd, path)
+
+
+def count_params(model: torch.nn.Module, dims: ParallelDims) -> int:
+    """Parameters of the whole model (global sizes of shards, summed over pipeline stages)."""
+    import torch.distributed as dist
+    n = torch.tensor(sum(p.numel() for p in unwrap(model).parameters()), dtype=torch.int64)
+    if dims.plan.pp > 1:
+        dist.all_reduce(n, group=dims.group("pp"))
+    return int(n)
 
 
 def build_trainer(cfg: TrainConfig, dims: ParallelDims) -> Trainer:
     plan = cfg.plan
-    torch.manual_seed(cfg.seed * 100_003 + dims.rank)  # dropout streams differ per rank
-    model = parallelize(build_model(cfg.model), plan, dims, seed=cfg.seed, compile=cfg.compile)
+    # Dropout streams differ per replica and pipeline rank, not between tensor-parallel peers:
+    # their replicated activations (the residual stream) must get the same masks.
+    torch.manual_seed(cfg.seed * 100_003 + dims.rank // plan.tp)
+    model, stage_modules, stage_ids = split_model(build_model(cfg.model), plan, dims.coords["pp"])
+    model = parallelize(model, plan, dims, seed=cfg.seed, compile=cfg.compile, roots=stage_modules)
     optimizer = build_optimizer(model, cfg.optim, zero=plan.zero, dp_group=dims.group("dp"))
     precision = Precision(plan.dtype, dims.device, fsdp=plan.zero >= 2, group=dims.group("dp"))
     train, val = open_stream(Sources.resolve(cfg.data)).split(cfg.data.val_fraction)
@@ -56,8 +79,9 @@ def build_trainer(cfg: TrainConfig, dims: ParallelDims) -> Trainer:
     loader = DataLoader(train, seed=cfg.seed, **common)
     val_batches = eval_batches(val, **common) if cfg.eval_every else []
     log = RunLog(cfg.out, cfg.steps, enabled=dims.is_main)
-    return Trainer(cfg, dims, model, AccumulationRunner(model, precision), optimizer, precision,
-                   loader, log, val_batches, FaultInjector(dims.rank))
+    runner = make_runner(model, stage_modules, stage_ids, dims, precision)
+    return Trainer(cfg, dims, model, runner, optimizer, precision, loader, log, val_batches,
+                   FaultInjector(dims.rank))
 
 
 def run(cfg: TrainConfig) -> dict[str, Any]:
@@ -74,12 +98,12 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         summary = trainer.train()
         if dump:
             dump_params(trainer.model, Path(cfg.out) / "params_final.pt", dims)
-        inner = unwrap(trainer.model)
+        runtime_params = count_params(trainer.model, dims)
         summary.update(
             wall_time_s=time.perf_counter() - start, world_size=dims.world_size,
             plan=cfg.plan.to_dict(), plan_desc=cfg.plan.describe(), model=cfg.model.name,
             param_count=cfg.model.param_count(), device=str(dims.device), dtype=cfg.plan.dtype,
-            torch=torch.__version__, runtime_params=sum(p.numel() for p in inner.parameters()))
+            torch=torch.__version__, runtime_params=runtime_params)
         trainer.log.finish(summary)
         return summary
     finally:

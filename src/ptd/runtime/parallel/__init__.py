@@ -2,23 +2,25 @@
 
 Each ``apply_*`` takes the model, its mesh (or group) and the plan, torchtitan style:
 
-* ``tp.py`` (next issue): tensor/sequence parallelism on the ``tp`` sub-mesh;
+* :mod:`.tp`: tensor/sequence parallelism on the ``tp`` sub-mesh;
 * :mod:`.recompute`: activation checkpointing and ``torch.compile`` per block;
 * :mod:`.fsdp`: ZeRO-2/3 on the ``dp`` sub-mesh;
-* :mod:`.ddp`: DDP and ZeRO-1 on the ``dp`` group, gradient compression hooks;
-* ``pp.py`` (next issue): splits the model into stages *before* :func:`parallelize` runs on
-  each stage's module.
+* :mod:`.ddp`: DDP and ZeRO-1 on the ``dp`` group, gradient compression hooks, and the
+  explicit gradient average of model-parallel layouts (DDP cannot wrap DTensors);
+* :mod:`.pp`: prunes the model to this rank's pipeline stages *before* :func:`parallelize`
+  runs on it, and builds the schedule.
 
 Order matters: tensor parallelism first (it turns parameters into DTensors that FSDP then
 shards along another mesh axis), then checkpointing and compile (they act on the blocks'
 forward), then FSDP (which must see the final blocks), then materialisation -- FSDP can
-shard a meta model, DDP cannot -- and DDP last.
+shard a meta model, DDP cannot -- and DDP last (only for pure data parallelism: with
+tp > 1 or pp > 1 the runner averages gradients over dp itself, see ``GradAllReduce``).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -30,23 +32,30 @@ from ..init import materialize
 from ..mesh import ParallelDims
 from .ddp import apply_ddp
 from .fsdp import apply_fsdp
+from .tp import apply_tp
 from .recompute import apply_compile, apply_recompute
 
 
 def parallelize(model: nn.Module, plan: ParallelPlan, dims: ParallelDims, *, seed: int,
-                compile: bool = False) -> nn.Module:
+                compile: bool = False, roots: Sequence[nn.Module] = ()) -> nn.Module:
     """Apply every dimension of ``plan`` to a meta-device model; return the module to
-    train (materialised, initialised from ``seed``, possibly wrapped)."""
-    # apply_tp(model, dims.submesh("tp"), plan) goes here when plan.tp > 1.
+    train (materialised, initialised from ``seed``, possibly wrapped).
+
+    ``roots``: the pipeline stage modules of this rank when they are not ``model`` itself
+    (:class:`~.pp.StageChunk` views sharing its modules); they become the FSDP roots."""
+    if plan.tp > 1:
+        apply_tp(model, dims.submesh("tp"), plan)
     if plan.recompute != "none":
         apply_recompute(model, plan.recompute)
     if compile:
         apply_compile(model)
     if plan.zero >= 2:
-        apply_fsdp(model, dims.submesh("dp"), plan, dims.device)
+        apply_fsdp(model, dims.submesh("dp"), plan, dims.device, roots=roots)
         init_device = torch.device("cpu") if plan.offload else dims.device
-        return materialize(model, init_device, seed)
+        return materialize(model, init_device, seed, roots=roots)
     materialize(model, dims.device, seed)
+    if plan.tp > 1 or plan.pp > 1:
+        return model  # gradients averaged over dp by the runner (ddp.GradAllReduce)
     return apply_ddp(model, dims.group("dp"), plan, dims.device)
 
 
@@ -75,5 +84,5 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
         yield
 
 
-__all__ = ["apply_compile", "apply_ddp", "apply_fsdp", "apply_recompute", "gradient_sync",
+__all__ = ["apply_compile", "apply_ddp", "apply_fsdp", "apply_recompute", "apply_tp", "gradient_sync",
            "parallelize", "unwrap"]

@@ -53,6 +53,74 @@ def apply_ddp(model: nn.Module, group: ProcessGroup, plan: ParallelPlan, device:
 def zero1_optimizer(param_groups: list[dict[str, Any]], group: ProcessGroup, **adamw: Any
                     ) -> torch.optim.Optimizer:
     """AdamW whose states are sharded over ``group`` (ZeRO stage 1)."""
+    return _zero1_class()(param_groups, optimizer_class=torch.optim.AdamW, process_group=group,
+                          **adamw)
+
+
+def _zero1_class() -> type:
     from torch.distributed.optim import ZeroRedundancyOptimizer
-    return ZeroRedundancyOptimizer(param_groups, optimizer_class=torch.optim.AdamW,
-                                   process_group=group, **adamw)
+
+    class Zero1(ZeroRedundancyOptimizer):
+        """``ZeroRedundancyOptimizer`` that also takes tensor-parallel (DTensor) parameters.
+
+        Stock, it fails after the step: ``c10d.broadcast_`` has no DTensor sharding rule.
+        Each tp rank's dp group holds the same parameters (partitioned the same way by
+        their global sizes), so the owner broadcasting its *local* shard to the other
+        replicas is the whole update. AdamW itself runs on the DTensors (elementwise, no
+        communication)."""
+
+        def _broadcast_params_from_rank(self, rank: int) -> list:
+            if self.parameters_as_bucket_view:
+                return super()._broadcast_params_from_rank(rank)
+            import torch.distributed as dist
+            from torch.distributed.tensor import DTensor
+            src = dist.get_global_rank(self.process_group, rank)
+            return [dist.broadcast(p.data._local_tensor if isinstance(p.data, DTensor) else p.data,
+                                   src=src, group=self.process_group, async_op=True)
+                    for group in self._partition_parameters()[rank] for p in group["params"]]
+
+    return Zero1
+
+
+class GradAllReduce:
+    """Data parallelism without DDP, for tensor- and pipeline-parallel models with zero 0/1.
+
+    DDP cannot wrap DTensor (tensor-parallel) parameters, and a pipeline stage's backward is
+    driven by the schedule, not by one ``loss.backward()``. So the runner calls this once
+    per optimizer step, after the last micro-batch's backward: every gradient (the local
+    shard of a DTensor one) is packed into one flat buffer per dtype, summed over the
+    dp group and divided by dp -- DDP's average, without its overlap with the backward.
+    """
+
+    def __init__(self, params: list[torch.Tensor], group: ProcessGroup, size: int) -> None:
+        self.params = params
+        self.group = group
+        self.size = size
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        import torch.distributed as dist
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+        from torch.distributed.tensor import DTensor
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for p in self.params:
+            g = p.grad
+            if g is None:
+                continue
+            g = g._local_tensor if isinstance(g, DTensor) else g
+            by_dtype.setdefault(g.dtype, []).append(g)
+        for grads in by_dtype.values():
+            flat = _flatten_dense_tensors(grads)
+            dist.all_reduce(flat, group=self.group)
+            flat.div_(self.size)
+            for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+                g.copy_(reduced)
+
+
+def dp_grad_sync(model: nn.Module, plan: ParallelPlan, group: ProcessGroup
+                 ) -> GradAllReduce | None:
+    """The explicit gradient average the runner must do, or None when DDP/FSDP do it (or
+    there is one replica)."""
+    if plan.dp == 1 or plan.zero >= 2 or (plan.tp == 1 and plan.pp == 1):
+        return None
+    return GradAllReduce([p for p in model.parameters() if p.requires_grad], group, plan.dp)

@@ -26,6 +26,8 @@ default averaging over dp is what the loss normalisation expects anyway.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -35,8 +37,13 @@ from ...specs import ParallelPlan
 from ..precision import DTYPES
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, plan: ParallelPlan, device: torch.device) -> nn.Module:
-    """Shard ``model`` (on meta or real parameters) in place over ``dp_mesh``."""
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, plan: ParallelPlan, device: torch.device,
+               roots: Sequence[nn.Module] = ()) -> nn.Module:
+    """Shard ``model`` (on meta or real parameters) in place over ``dp_mesh``.
+
+    ``roots``: a pipeline rank's stage modules when it runs several (views sharing
+    ``model``'s modules): each becomes an FSDP root -- the module the schedule calls --
+    over the embeddings/norm/output it holds, instead of ``model``."""
     if plan.dtype == "fp32":
         mp = MixedPrecisionPolicy()
     else:
@@ -47,6 +54,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, plan: ParallelPlan, device
     for block in model.layers.values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
                     offload_policy=offload)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
-                offload_policy=offload)
+    for root in (roots or [model]):
+        fully_shard(root, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
+                    offload_policy=offload)
     return model

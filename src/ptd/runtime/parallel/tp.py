@@ -1,0 +1,109 @@
+"""Tensor parallelism (Megatron 1-D) and sequence parallelism, through DTensor.
+
+:func:`apply_tp` splits every matrix of a (possibly pipeline-pruned) meta-device
+:class:`~ptd.runtime.model.Transformer` over the ``tp`` sub-mesh with ``parallelize_module``,
+exactly as :mod:`ptd.cost.params` prices it (``Param.tp_dim``):
+
+* attention ``wq``/``wk``/``wv`` and MLP ``w1``/``w3`` are column parallel (output features
+  split: each rank holds ``n_heads/tp`` query heads and ``n_kv_heads/tp`` key/value heads, so
+  grouped-query attention keeps its head ratio); ``wo`` and ``w2`` are row parallel (input
+  features split, partial outputs summed);
+* the embedding is vocabulary parallel (``RowwiseParallel`` on ``nn.Embedding``: each rank
+  looks up the ids in its vocabulary slice, the partial rows are summed) and the output layer
+  column parallel over the vocabulary, returning logits as a ``DTensor`` sharded on the
+  vocabulary: the runners compute the loss under ``loss_parallel()``, so the full
+  ``(tokens, vocab)`` logits are never gathered;
+* norms, position embeddings and row-parallel biases are replicated.
+
+Sequence parallel (``plan.sp``): the residual stream between the parallel regions is split
+along the sequence (``Shard(1)``); norms run on their sequence shard (``SequenceParallel``),
+the block inputs are all-gathered before the column-parallel matmuls (``PrepareModuleInput``)
+and the row-parallel outputs are reduce-scattered instead of all-reduced (Korthikanti et al.
+2022; torchtitan's Llama plan). Between pipeline stages the activations are then the
+sequence shards.
+
+The model code needs no change: attention reshapes with ``-1`` heads, and RoPE tables
+(``(seq, head_dim)``, the same for every head) are full on every rank and sliced to the
+sequence length inside attention, where the sequence is whole again.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+
+from ...specs import ModelSpec, ParallelPlan
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, plan: ParallelPlan) -> None:
+    """Split ``model``'s parameters over ``tp_mesh`` in place (before FSDP and
+    materialisation: DTensor parameters on the meta device, initialised later by name)."""
+    sp = plan.sp
+    between = Shard(1) if sp else Replicate()  # layout of the residual stream
+    top: dict[str, object] = {}
+    if model.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=between)
+    if model.norm is not None and sp:
+        top["norm"] = SequenceParallel()
+    if model.output is not None:
+        top["output"] = ColwiseParallel(input_layouts=between, output_layouts=Shard(-1),
+                                        use_local_output=False)
+    if top:
+        parallelize_module(model, tp_mesh, top)
+    for block in model.layers.values():
+        layer: dict[str, object] = {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=between),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=between),
+        }
+        if block.feed_forward.w3 is not None:
+            layer["feed_forward.w3"] = ColwiseParallel()
+        if sp:
+            layer.update({
+                "attention_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(input_layouts=(Shard(1), None),
+                                                desired_input_layouts=(Replicate(), None)),
+                "ffn_norm": SequenceParallel(),
+                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
+                                                   desired_input_layouts=(Replicate(),)),
+            })
+        parallelize_module(block, tp_mesh, layer)
+    # parallelize_module replaced the embedding's parameter: a tied output layer follows it
+    # again at materialisation (Transformer.tie_weights); both are Shard(0) over the vocabulary.
+
+
+def tp_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
+    """Why this runtime cannot run ``plan``'s tensor/sequence parallelism, or None.
+    (Divisibility of heads, kv heads, ffn and vocabulary is ``ParallelPlan.validate``'s.)"""
+    if plan.tp == 1:
+        return None
+    if plan.sp and model.position == "learned":
+        return (f"{model.name}: sequence parallel needs RoPE positions; learned position "
+                f"embeddings are added to the whole sequence (use --sp only with RoPE models)")
+    return None
+
+
+class ReducePartialGrads:
+    """Sum the tensor-parallel partial gradients left by sequence parallelism.
+
+    A replicated parameter used on a sequence shard (the norms' weights under ``sp``) gets
+    a ``Partial`` gradient: each tp rank holds its shard's contribution. FSDP reduces these
+    itself; without FSDP the runner calls this after the step's last backward, before
+    the gradients are averaged over dp, measured and clipped."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self.params = [p for p in params if isinstance(p, DTensor)]
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        for p in self.params:
+            g = p.grad
+            if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
+                p.grad = g.redistribute(g.device_mesh, p.placements)

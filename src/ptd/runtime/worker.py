@@ -27,6 +27,8 @@ from .corpus import Sources, open_stream
 from .data import DataLoader, eval_batches
 from .fault import FaultInjector
 from .mesh import ParallelDims, init_distributed, shutdown
+from .measure.compare import comparison_table
+from .measure.probe import Probe
 from .metrics import RunLog
 from .model import build_model
 from .optim import build_optimizer
@@ -92,6 +94,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     try:
         cfg.validate(dims.world_size)
         trainer = build_trainer(cfg, dims)
+        probe = Probe.attach(trainer, cfg, dims, memory_step=cfg.measure.memory_step,
+                             profile_steps=cfg.measure.profile_steps)
         dump = os.environ.get("PTD_DUMP_PARAMS") == "1"
         if dump:
             dump_params(trainer.model, Path(cfg.out) / "params_init.pt", dims)
@@ -104,7 +108,10 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             plan=cfg.plan.to_dict(), plan_desc=cfg.plan.describe(), model=cfg.model.name,
             param_count=cfg.model.param_count(), device=str(dims.device), dtype=cfg.plan.dtype,
             torch=torch.__version__, runtime_params=runtime_params)
+        summary.update(probe.finish(summary))  # a collective: measured vs predicted
         trainer.log.finish(summary)
+        if dims.is_main and "measured" in summary:
+            print(comparison_table(summary), flush=True)
         return summary
     finally:
         shutdown()

@@ -39,9 +39,11 @@ to the step time by construction (``other`` is what lies between phase spans):
 2. else it runs a compute op (any other op): the innermost phase (recompute > backward
    weight > backward > forward > grad sync > loss > optimizer > data);
 3. else (no op on the main thread: Python, dispatch, or blocked) while a collective is in
-   flight on a communication thread: **exposed communication** of the kinds in flight
-   (shared equally) -- except a pipeline receive, which is waiting for the neighbour:
-   **bubble**;
+   flight: **exposed communication** of the kinds in flight (shared equally) -- except,
+   inside a pipeline schedule, point-to-point transfers alone: on gloo a send or receive
+   lasts until the peer posts its side, so this is the stage waiting for its neighbour:
+   **bubble** (the pipeline's exposed transfer time is then only what the main thread spends
+   in the send/receive calls themselves);
 4. else, inside a pipeline schedule but outside its F/B/W actions: **bubble**;
 5. else: the innermost phase (its Python overhead), or ``other`` outside every phase.
 
@@ -158,10 +160,13 @@ def analyse_step(spans: Sequence[Span], main_thread: int, step: tuple[float, flo
         if sp.end <= s0 or sp.start >= s1:
             continue
         kind = comm_kind(sp.name)
+        if kind is not None and sp.name.lower().startswith(("gloo:", "nccl:", "mpi:")):
+            # the collective's own work, on whatever thread it was recorded (gloo records
+            # point-to-point work under the launching thread, asynchronously)
+            add(sp.start, sp.end, "bg:" + kind)
+            comm_spans.setdefault(kind, []).append((sp.start, sp.end))
+            continue
         if sp.thread != main_thread:
-            if kind is not None and sp.name.lower().startswith(("gloo:", "nccl:", "mpi:")):
-                add(sp.start, sp.end, "bg:" + kind)
-                comm_spans.setdefault(kind, []).append((sp.start, sp.end))
             continue
         if kind is not None:
             add(sp.start, sp.end, "mc:" + kind)
@@ -202,7 +207,10 @@ def analyse_step(spans: Sequence[Span], main_thread: int, step: tuple[float, flo
             kinds = []
         else:
             kinds = bg
-        if kinds and set(kinds) <= {"recv"} and active.get("ph:schedule", 0) > 0 and not main_comm:
+        if (kinds and set(kinds) <= {"send", "recv"} and active.get("ph:schedule", 0) > 0
+                and not main_comm):
+            # On gloo a point-to-point transfer lasts until the peer has posted its side:
+            # with nothing else to run, this stage waits for its neighbour.
             parts["bubble"] = parts.get("bubble", 0.0) + dt
             return
         if kinds:

@@ -122,8 +122,8 @@ def resolve(a: argparse.Namespace):  # -> tuple[TrainConfig, int]
     cfg = base_config(a)
     if a.model:
         cfg = cfg.replace(model=load_model(a.model))
-    elif a.init_from and not a.config and not a.resume:
-        cfg = cfg.replace(model=load_model(a.init_from))
+    elif a.init_from and not a.config and not a.resume and (Path(a.init_from) / "config.json").is_file():
+        cfg = cfg.replace(model=load_model(a.init_from))  # the check of init_from explains the rest
     plan = cfg.plan.replace(**{k: getattr(a, k) for k in _PLAN_FLAGS if getattr(a, k) is not None})
     if a.nproc is not None and a.dp is None:
         per_replica = plan.tp * plan.pp

@@ -83,6 +83,12 @@ def torchrun_command(config_path: Path, nproc: int, max_restarts: int, log_dir: 
 def worker_env(cfg: TrainConfig) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(cfg.threads))
+    if cfg.max_restarts:
+        # torchrun shares its rendezvous store with the workers and keeps it across
+        # restarts; a restarted worker can then read a dead peer's address left by the
+        # previous attempt ("Gloo connectFullMesh failed ... Connection refused", seen here
+        # with torch 2.13; pytorch/pytorch#135712). A fresh store per attempt avoids it.
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     return env
 
 

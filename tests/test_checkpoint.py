@@ -178,7 +178,11 @@ def test_nothing_usable_is_an_error_and_auto_starts_fresh(run_dir, tmp_path):
     with pytest.raises(PtdError, match="no usable checkpoint .* newest refused: step_00000004: .*truncated"):
         restore.pick(cfg.replace(resume=str(root)))
     empty = tmp_path / "empty"
-    assert restore.pick(cfg.replace(resume="auto", out=str(empty))) is None
+    assert restore.pick(cfg.replace(resume="auto", out=str(empty))) is None  # nothing: fresh start
+    damaged = tmp_path / "damaged"
+    shutil.copytree(root, damaged / "checkpoints")
+    with pytest.raises(PtdError, match="no usable checkpoint"):  # all damaged: not a fresh start
+        restore.pick(cfg.replace(resume="auto", out=str(damaged)))
 
 
 @pytest.mark.timeout(60)
@@ -253,6 +257,18 @@ def test_resume_in_one_process_is_exact(run_dir, tmp_path):
     assert cli("train", "--resume", run_dir / "checkpoints" / "step_00000002", "--out", out) == 0
     assert losses(out) == losses(run_dir)  # steps 1-2 replayed from the checkpoint, 3-4 trained
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000004"]
+
+
+@pytest.mark.timeout(120)
+def test_resuming_an_older_checkpoint_in_place_sets_the_newer_history_aside(run_dir, tmp_path, capfd):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    (run / "config.toml").write_text((run_dir / "config.toml").read_text().replace(str(run_dir), str(run)))
+    assert cli("train", "--resume", run / "checkpoints" / "step_00000002", "--out", run) == 0
+    assert "set aside step_00000004" in capfd.readouterr().err
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names[0].startswith("abandoned-step_00000004-") and names[1:] == ["step_00000002", "step_00000004"]
+    assert losses(run) == losses(run_dir)
 
 
 # ----------------------------------------------------------------- never a poisoned checkpoint

@@ -19,8 +19,8 @@ import time
 from typing import Any
 
 from ..specs import TrainConfig
-from .checkpoint import restore
-from .checkpoint.saver import Checkpointer
+from .checkpoint import restore, store
+from .checkpoint.saver import Checkpointer, checkpoint_root
 from .guard import Watch, instrument
 from .mesh import ParallelDims
 
@@ -64,6 +64,10 @@ class Recovery:
             note(f"ptd: initial weights from {cfg.init_from} ({n} tensors)")
         elif cfg.resume == "auto" or restore.restart_count() > 0:
             note("ptd: no checkpoint to resume from; starting at step 0")
+        if dims.is_main and (cfg.checkpoint.every > 0 or cfg.resume or cfg.max_restarts):
+            for old, new in store.set_aside_newer(checkpoint_root(cfg), trainer.step):
+                note(f"ptd: set aside {old.name} as {new.name}: newer than this run's start at "
+                     f"step {trainer.step}, from the history it replaces")
 
     def close(self) -> None:
         try:

@@ -12,7 +12,8 @@ SHA-256 (the ranks hash a share each and agree), and its ``.metadata`` agreeing 
 model its manifest describes -- is used; each one refused on the way is reported with its
 reason. A usable checkpoint of *another* run (model, seed, sequence length, global batch or
 data differ) is an error, not a fallback. An explicit ``resume`` with nothing usable is an
-error; ``auto`` with nothing starts from scratch.
+error; so is ``auto`` when every checkpoint there is refused; ``auto`` with no checkpoint at
+all starts from scratch (as does an elastic restart before the first checkpoint).
 
 What a resume restores: parameters and AdamW states (resharded to the new layout by
 ``torch.distributed.checkpoint``), the optimizer step, the data position (a global sample
@@ -136,8 +137,9 @@ def pick(cfg: TrainConfig, *, rank: int = 0, world: int = 1,
             ckpt = store.read(cand)
             store.check_compatible(ckpt, cfg)
             return ckpt
-    if cfg.resume and cfg.resume != "auto" and restart == 0:
-        raise PtdError(no_usable(cfg.resume, refused))
+    if cfg.resume and restart == 0 and (cfg.resume != "auto" or refused):
+        # auto with checkpoints that are all damaged is not a fresh start either.
+        raise PtdError(no_usable(cfg.resume if cfg.resume != "auto" else checkpoint_root(cfg), refused))
     return None
 
 
@@ -166,8 +168,8 @@ def precheck(cfg: TrainConfig) -> None:
             continue
         store.check_compatible(ckpt, cfg)
         return
-    if cfg.resume != "auto":
-        raise PtdError(no_usable(cfg.resume, refused))
+    if cfg.resume != "auto" or refused:
+        raise PtdError(no_usable(cfg.resume if cfg.resume != "auto" else ref, refused))
 
 
 def same_layout(ckpt: store.Checkpoint, cfg: TrainConfig, world_size: int) -> bool:

@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -262,6 +263,24 @@ def prune(root: Path, keep: int, protect: Iterable[Path] = ()) -> list[Path]:
     for d in doomed:
         shutil.rmtree(d, ignore_errors=True)
     return doomed
+
+
+def set_aside_newer(root: Path, step: int) -> list[tuple[Path, Path]]:
+    """Rename the checkpoint folders of ``root`` newer than ``step`` to ``abandoned-step_N-T``
+    (kept for a person, never a candidate again). A run that starts at ``step`` -- fresh, or
+    resumed from an older checkpoint -- begins a new history: an elastic restart or
+    ``resume = auto`` must not later pick a checkpoint of the history it replaced."""
+    if not root.is_dir():
+        return []
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    moved = []
+    for d in sorted(root.iterdir()):
+        s = step_of(d)
+        if d.is_dir() and s is not None and s > step:
+            target = d.with_name(f"abandoned-{d.name}-{stamp}")
+            os.rename(d, target)
+            moved.append((d, target))
+    return moved
 
 
 def replace_dir(tmp: Path, final: Path) -> None:

@@ -210,8 +210,8 @@ class Watch:
             if silent > stale_after:
                 notes.append(f"rank {r} silent for {silent:.1f} s (last at {where}): dead or frozen")
             elif (p["step"], p["phase"]) != (self.step, self.phase):
-                if p["at"] >= self.since and p["since"] <= self.since:
-                    # Reported while this rank was already waiting, and there since before.
+                if p["at"] >= self.since and now - p["since"] > 2 * self.interval_s:
+                    # Reported while this rank was waiting, and there for a while: stuck.
                     notes.append(f"rank {r} is stuck at {where} for {now - p['since']:.1f} s")
                 else:
                     notes.append(f"rank {r} last reported {where} {silent:.1f} s ago")

@@ -111,11 +111,14 @@ class Checkpointer:
         if self.async_save:
             resp = dcp.async_save(sd, checkpoint_id=str(tmp), process_group=self.group)
             upload = getattr(resp, "upload_completion", resp)
-            self._pending = self._executor.submit(self._complete, upload, tmp, final, meta, records)
+            self._pending = self._executor.submit(self._complete, upload, tmp, final, meta, records, t0)
         else:
             dcp.save(sd, checkpoint_id=str(tmp), process_group=self.group)
-            self._complete(None, tmp, final, meta, records)
+            self._complete(None, tmp, final, meta, records, t0)
         self.save_seconds.append(time.perf_counter() - t0)
+        if self.dims.is_main and self.async_save:
+            trainer.log.note(f"ptd: checkpoint of step {step} staged in {self.save_seconds[-1]:.2f} s; "
+                             f"writing in the background")
         return True
 
     def _manifest(self, trainer: Any, rec: dict[str, Any] | None) -> dict[str, Any]:
@@ -135,7 +138,7 @@ class Checkpointer:
         }
 
     def _complete(self, upload: Future | None, tmp: Path, final: Path, meta: dict[str, Any],
-                  records: list[dict[str, Any]]) -> None:
+                  records: list[dict[str, Any]], t0: float) -> None:
         if upload is not None:
             upload.result()
         rank, world = self.dims.rank, self.dims.world_size
@@ -158,6 +161,10 @@ class Checkpointer:
             store.fsync_path(tmp)
             store.replace_dir(tmp, final)
             store.prune(self.root, self.keep, protect=[final])
+            size = sum(e["size"] for e in files.values())
+            self.trainer.log.note(f"ptd: checkpoint {final} ({size / 2**20:.1f} MiB, "
+                                  f"{time.perf_counter() - t0:.2f} s after the step"
+                                  f"{', written in the background' if upload is not None else ''})")
         dist.barrier(group=self.group)
         self.saved.append(final)
 

@@ -182,6 +182,28 @@ def reseed(seed: int, rank: int, step: int) -> int:
     return ((seed * 100_003 + rank) * 1_000_003 + step) & ((1 << 63) - 1)
 
 
+def rebuild_ddp_buckets(model: Any, device: torch.device) -> bool:
+    """Make a resumed DDP run reduce gradients in the same buckets as an uninterrupted one.
+
+    DDP starts with buckets in reverse parameter order and rebuilds them, in the order the
+    gradients became ready, at the second forward pass. A fresh run's step 1 uses the first
+    layout, every later step the rebuilt one; a run resumed at step S would use the first
+    layout at step S+1. With more than two ranks the all-reduce's summation order depends on
+    where a value sits in its bucket, so that one step would differ in the last bits (seen:
+    1e-7 relative at dp 4). One forward/backward of a zero loss (gradients zero, RNG state
+    kept) records the order; the first real step then rebuilds exactly as the fresh run did."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    if not isinstance(model, DDP):
+        return False
+    rng = torch.get_rng_state()
+    tokens = torch.zeros((1, 8), dtype=torch.long, device=device)
+    out = model(tokens)
+    (out.float().sum() * 0.0).backward()
+    model.zero_grad(set_to_none=True)
+    torch.set_rng_state(rng)
+    return True
+
+
 def load_into(trainer: Any, ckpt: store.Checkpoint, cfg: TrainConfig, dims: Any) -> bool:
     """Load ``ckpt`` into ``trainer`` (a collective); returns whether RNG states were
     restored (same layout) rather than reseeded."""
@@ -201,6 +223,8 @@ def load_into(trainer: Any, ckpt: store.Checkpoint, cfg: TrainConfig, dims: Any)
         set_rng_state(target["rng"][key], dims.device)
     else:
         torch.manual_seed(reseed(cfg.seed, dims.rank, ckpt.step))
+    if ckpt.step > 0:
+        rebuild_ddp_buckets(trainer.model, dims.device)
     trainer.step = ckpt.step
     trainer.tokens = int(ckpt.manifest["tokens"])
     trainer.loader.load_state_dict(ckpt.manifest["data"])

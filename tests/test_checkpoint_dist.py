@@ -30,6 +30,8 @@ SOURCES = {
     "dp2-zero1": ["--nproc", "2", "--zero", "1", "--micro-batch", "4"],
     "dp2-zero3": ["--nproc", "2", "--zero", "3", "--micro-batch", "2"],
     "dp2-zero0-async": ["--nproc", "2", "--zero", "0", "--micro-batch", "4", "--checkpoint-async"],
+    # Tensor-parallel shards (DTensor) and ZeRO-1's per-tp-rank optimizer partitions.
+    "dp2-tp2-zero1": ["--nproc", "4", "--dp", "2", "--tp", "2", "--zero", "1", "--micro-batch", "2"],
 }
 # (source, the resumed run's flags, relative tolerance on each loss after the resume). The
 # resumed run takes the source's config from its step-4 checkpoint; the flags change the layout.
@@ -37,6 +39,11 @@ RESHARDS = [
     ("dp2-zero3", ["--nproc", "4", "--zero", "1", "--micro-batch", "2"], 1e-5),
     ("dp2-zero3", ["--nproc", "1", "--micro-batch", "8"], 1e-5),
     ("dp2-zero0-async", ["--nproc", "2", "--zero", "2", "--micro-batch", "4"], 1e-5),
+    # Out of tensor parallelism: split matmuls sum in another order, hence 1e-4 (issue 4's bound).
+    ("dp2-tp2-zero1", ["--nproc", "4", "--dp", "4", "--tp", "1", "--micro-batch", "2"], 1e-4),
+    ("dp2-tp2-zero1", ["--nproc", "4", "--pp", "2", "--tp", "2", "--dp", "1", "--zero", "0",
+                       "--micro-batch", "2"], 1e-4),
+    ("dp2-tp2-zero1", ["--nproc", "1", "--dp", "1", "--tp", "1", "--micro-batch", "8"], 1e-4),
 ]
 
 

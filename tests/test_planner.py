@@ -303,35 +303,46 @@ def test_plan_bad_input(ptd_cli, argv):
     assert rc == 2 and err.count("\n") == 1 and err.startswith("ptd: error:"), err
 
 
-def test_run_without_train_command_fails_clearly(ptd_cli, monkeypatch, tmp_path):
-    import ptd.commands
-    monkeypatch.setattr(ptd.commands, "MODULES", [m for m in ptd.commands.MODULES if m != "train"])
-    rc, out, err = ptd_cli(*ARGS_TINY, "--run", "-o", str(tmp_path / "p.toml"))
-    assert rc == 2 and "ptd train" in err and err.count("\n") == 1
-    assert not (tmp_path / "p.toml").exists()  # nothing written before the check
-
-
-def test_run_writes_the_winner_and_starts_ptd_train(ptd_cli, monkeypatch, tmp_path):
-    # the wiring of --run, with the train command stubbed (the real run needs the runtime)
-    import sys
-
-    import ptd.commands
-    import ptd.commands.plan as plan_cmd
-    from ptd.specs import load_config
-    if "train" not in ptd.commands.MODULES:  # before the runtime lands: a stand-in command
-        import types
-        fake = types.ModuleType("ptd.commands.train")
-        fake.HELP, fake.add, fake.run = "stand-in", lambda p: None, lambda a: 0
-        monkeypatch.setitem(sys.modules, "ptd.commands.train", fake)
-        monkeypatch.setattr(ptd.commands, "MODULES", list(ptd.commands.MODULES) + ["train"])
-    calls = []
-    monkeypatch.setattr(plan_cmd.subprocess, "call", lambda cmd: calls.append(cmd) or 3)
-    path = tmp_path / "run" / "plan.toml"
-    rc, out, _ = ptd_cli(*ARGS_TINY, "--steps", "2", "--run", "-o", str(path))
-    assert rc == 3  # ptd train's exit code is passed on
-    assert calls == [[sys.executable, "-m", "ptd", "train", "--config", str(path)]]
-    cfg = load_config(path)
-    cfg.validate(4)
-    assert cfg.steps == 2 and cfg.hardware == "cpu" and "wrote the ptd export" in out
+def test_run_refuses_other_exports(ptd_cli):
     rc, _, err = ptd_cli(*ARGS_TINY, "--run", "--export", "megatron")
-    assert rc == 2 and "--run writes a ptd config" in err
+    assert rc == 2 and "--run writes a ptd config" in err and err.count("\n") == 1
+
+
+SMALL_RUN = ["--model", "tiny", "--hardware", "cpu", "--gpus", "2", "--seq-len", "32",
+             "--global-batch", "4", "--dtype", "fp32", "--steps", "2"]
+
+
+def _ptd(*args, cwd):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "ptd", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=240)
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fix", ["zero=0,tp=1,pp=1", "zero=3,tp=1,pp=1", "tp=2", "pp=2"])
+def test_exported_ptd_config_trains(tmp_path, fix):
+    from ptd.specs import load_config
+    plan_file = tmp_path / "plan.toml"
+    r = _ptd("plan", *SMALL_RUN, "--fix", fix, "--export", "ptd", "-o", str(plan_file), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    exported = load_config(plan_file)
+    r = _ptd("train", "--config", str(plan_file), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["status"] == "ok"
+    assert load_config(tmp_path / "out" / "config.toml").plan == exported.plan
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_run_trains_the_winner(tmp_path):
+    from ptd.specs import load_config
+    r = _ptd("plan", *SMALL_RUN, "--run", "-o", str(tmp_path / "p" / "plan.toml"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "running: -m ptd train --config" in r.stdout
+    winner = load_config(tmp_path / "p" / "plan.toml").plan
+    ran = load_config(tmp_path / "p" / "run" / "config.toml").plan
+    assert ran == winner
+    assert json.loads((tmp_path / "p" / "run" / "summary.json").read_text())["steps"] == 2

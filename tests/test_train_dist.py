@@ -155,4 +155,8 @@ def test_hanging_worker_becomes_an_error_after_the_timeout(home, tmp_path):
               home=home, extra_env={"PTD_FAULT": "hang:rank=1:step=2"})
     assert r.returncode != 0
     assert "Timed out" in r.stderr or "timed out" in r.stderr.lower()
-    assert r.stderr.strip().splitlines()[-1].startswith("ptd: error: training failed")
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ptd: error: training failed")
+    # The error names the rank that gave up, the collective, the step, and the stuck peer.
+    assert ("rank 0: DDP gradient all-reduce (forward_backward) at step 2 timed out after 5 s; "
+            "rank 1 is stuck at step 2 in 'start of step'") in last, last

@@ -65,13 +65,8 @@ def run(a: argparse.Namespace) -> int:
     from ..cost.estimate import default_global_batch
     from ..planner.search import parse_fix, search
 
-    if a.run:
-        from . import MODULES
-        if "train" not in MODULES:
-            raise PtdError("--run starts `ptd train`, which this installation of ptd does not "
-                           "have yet")
-        if a.export not in (None, "ptd"):
-            raise PtdError("--run writes a ptd config; export other formats in a separate call")
+    if a.run and a.export not in (None, "ptd"):
+        raise PtdError("--run writes a ptd config; export other formats in a separate call")
     fixed = parse_fix(a.fix)
     model, cluster, opts = resolve(a)
     seq = a.seq_len or default_seq_len(model)
@@ -86,12 +81,15 @@ def run(a: argparse.Namespace) -> int:
 
     text = None
     fmt = "ptd" if a.run else a.export
+    target = Path(a.output or "runs/plan.toml")
     if fmt:
         from ..planner.export import export
-        text = export(win, fmt, hardware=a.hardware, steps=a.steps, options=opts)
+        # --run trains into a folder beside the plan it writes
+        out = str(target.parent / "run") if a.run else None
+        text = export(win, fmt, hardware=a.hardware, steps=a.steps, out=out, options=opts)
     path = None
     if text is not None and (a.output or a.run):
-        path = Path(a.output or "runs/plan.toml")
+        path = target
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)

@@ -10,6 +10,9 @@ which overrides the defaults; the fully resolved config is written to OUT/config
   ptd train --nproc 1 --dtype bf16 --recompute full --data 'docs/**/*.md'
   ptd train --nproc 8 --pp 2 --dp 2 --tp 2 --zero 1 --sp --model tiny --global-batch 8
   ptd train --config run.toml --dry-run --nproc 16   # validate and write OUT/config.toml only
+  ptd train --model tiny --checkpoint-every 50 --max-restarts 3   # survive a lost worker
+  ptd train --resume runs/latest --nproc 2 --zero 1   # continue that run on another layout
+  ptd train --init-from hf/tiny --steps 100          # start from a Hugging Face folder
 
 With --nproc N (default: the plan's world size) N workers start on this host through
 torchrun, one intra-op thread each unless --threads says otherwise; --nproc without --dp
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 from ..cli import nonneg_int, positive_float, positive_int, fraction
 from ..errors import PtdError
@@ -78,6 +82,23 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="step whose memory is tracked (2; 0: none)")
     o.add_argument("--tensorboard", action="store_true", default=None,
                    help="also write TensorBoard event files to OUT/tb")
+    o.add_argument("--on-nan", choices=("stop", "skip"),
+                   help="a non-finite loss stops the run (default) or skips that update")
+    c = p.add_argument_group("checkpoints (README: Checkpoints, resume and recovery)")
+    c.add_argument("--checkpoint-every", type=nonneg_int, metavar="K",
+                   help="save every K steps and at the end (0: never, the default)")
+    c.add_argument("--checkpoint-keep", type=positive_int, metavar="N",
+                   help="keep the newest N complete checkpoints (2)")
+    c.add_argument("--checkpoint-async", action="store_true", default=None,
+                   help="write checkpoints in the background while training goes on")
+    c.add_argument("--checkpoint-dir", metavar="DIR", help="where checkpoints go (OUT/checkpoints)")
+    c.add_argument("--resume", metavar="DIR|auto",
+                   help="continue from a checkpoint: a run folder, a checkpoint folder, or auto "
+                        "(this run's newest good one); without --config the run's config comes "
+                        "from the checkpoint and flags change it (e.g. another layout)")
+    c.add_argument("--init-from", metavar="HF_DIR",
+                   help="initial weights from a Hugging Face folder (config.json + safetensors); "
+                        "without --model/--config the model comes from its config.json")
     o.add_argument("--dry-run", action="store_true",
                    help="validate and write OUT/config.toml, start nothing (--nproc = total world)")
 
@@ -87,15 +108,41 @@ _PLAN_FLAGS = ("dp", "tp", "pp", "vpp", "sp", "schedule", "uneven_stages", "zero
 _TOP_FLAGS = {"steps": "steps", "seed": "seed", "out": "out", "compile": "compile",
               "threads": "threads", "timeout": "timeout_s", "max_restarts": "max_restarts",
               "log_every": "log_every", "eval_every": "eval_every", "hardware": "hardware",
-              "tensorboard": "tensorboard"}
+              "tensorboard": "tensorboard", "on_nan": "on_nan", "resume": "resume",
+              "init_from": "init_from"}
+_CHECKPOINT_FLAGS = {"checkpoint_every": "every", "checkpoint_keep": "keep",
+                     "checkpoint_async": "async_save", "checkpoint_dir": "dir"}
+
+
+def base_config(a: argparse.Namespace):  # -> TrainConfig
+    """--config, else (with --resume) the config the checkpoint was written with, else the
+    defaults. A checkpoint's config makes ``ptd train --resume RUN`` continue RUN as it was,
+    with any flag given changing it (``--nproc 4`` to reshard)."""
+    from ..specs import TrainConfig, load_config
+    if a.config:
+        return load_config(a.config)
+    if a.resume:
+        from ..runtime.checkpoint import store
+        ref = a.resume
+        if ref == "auto":
+            ref = str(Path(a.out or TrainConfig().out) / "checkpoints")
+        ckpt = store.newest_good(ref, deep=False)
+        if ckpt is not None:
+            try:
+                return ckpt.config
+            except PtdError:
+                pass  # the resume check refuses it with its reason
+    return TrainConfig()
 
 
 def resolve(a: argparse.Namespace):  # -> tuple[TrainConfig, int]
     """Defaults < --config < flags; returns the config and the number of workers."""
-    from ..specs import TrainConfig, load_config, load_model
-    cfg = load_config(a.config) if a.config else TrainConfig()
+    from ..specs import load_model
+    cfg = base_config(a)
     if a.model:
         cfg = cfg.replace(model=load_model(a.model))
+    elif a.init_from and not a.config and not a.resume and (Path(a.init_from) / "config.json").is_file():
+        cfg = cfg.replace(model=load_model(a.init_from))  # the check of init_from explains the rest
     plan = cfg.plan.replace(**{k: getattr(a, k) for k in _PLAN_FLAGS if getattr(a, k) is not None})
     if a.nproc is not None and a.dp is None:
         per_replica = plan.tp * plan.pp
@@ -117,8 +164,11 @@ def resolve(a: argparse.Namespace):  # -> tuple[TrainConfig, int]
         measure = dataclasses.replace(measure, profile_steps=a.profile_steps)
     if a.memory_step is not None:
         measure = dataclasses.replace(measure, memory_step=a.memory_step)
+    ckpt = dataclasses.replace(cfg.checkpoint, **{field: getattr(a, flag) for flag, field
+                                                   in _CHECKPOINT_FLAGS.items()
+                                                   if getattr(a, flag) is not None})
     top = {field: getattr(a, flag) for flag, field in _TOP_FLAGS.items() if getattr(a, flag) is not None}
-    cfg = cfg.replace(plan=plan, optim=optim, data=data, measure=measure, **top)
+    cfg = cfg.replace(plan=plan, optim=optim, data=data, measure=measure, checkpoint=ckpt, **top)
     return cfg, a.nproc if a.nproc is not None else plan.world_size
 
 

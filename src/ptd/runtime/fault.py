@@ -6,7 +6,10 @@
   failure, recorded by torchrun's error file;
 * ``kill``: ``SIGKILL`` the worker itself (no Python cleanup, no error file) -- what a lost
   node looks like;
-* ``hang``: sleep forever -- a stuck peer; the others must fail within ``timeout_s``.
+* ``hang``: sleep forever -- a stuck peer; the others must fail within ``timeout_s``;
+* ``nan``: the model's output on that rank becomes NaN for the step's first micro-batch
+  (a forward-pass blow-up: the global loss and the gradients are NaN; needs
+  :meth:`FaultInjector.attach`).
 
 It fires at the start of optimizer step ``S`` (1-based) on global rank ``R`` (``*`` means
 every rank), and only in torchrun restart number ``K`` (``TORCHELASTIC_RESTART_COUNT``)
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 
 from ..errors import PtdError
 
-ACTIONS = ("crash", "kill", "hang")
+ACTIONS = ("crash", "kill", "hang", "nan")
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,11 @@ class FaultInjector:
         self.rank = rank
         self.faults = parse(os.environ.get("PTD_FAULT", "") if spec is None else spec)
         self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.model = None
+
+    def attach(self, model) -> None:
+        """The module whose output a ``nan`` fault poisons."""
+        self.model = model
 
     def at_step(self, step: int) -> None:
         for f in self.faults:
@@ -66,5 +74,15 @@ class FaultInjector:
             raise RuntimeError(f"PTD_FAULT: injected crash on rank {self.rank} at step {step}")
         if f.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if f.action == "nan":
+            if self.model is None:
+                raise RuntimeError("PTD_FAULT: nan needs FaultInjector.attach(model)")
+            handle = None
+
+            def poison(module, args, output):
+                handle.remove()  # one micro-batch only
+                return output * float("nan")
+            handle = self.model.register_forward_hook(poison)
+            return
         while True:  # hang
             time.sleep(3600)

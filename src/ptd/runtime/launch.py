@@ -55,11 +55,13 @@ def check_runtime(cfg: TrainConfig, nproc: int, this_host: bool = True) -> None:
         raise PtdError("fp16 needs a CUDA GPU (loss scaling); use --dtype bf16 on CPU")
     if this_host and torch.cuda.is_available() and nproc > torch.cuda.device_count():
         raise PtdError(f"{nproc} workers but {torch.cuda.device_count()} GPU(s) on this host")
-    unsupported = [(cfg.checkpoint.every > 0, "checkpoint.every"), (bool(cfg.resume), "resume"),
-                   (bool(cfg.init_from), "init_from"), (cfg.tensorboard, "tensorboard")]
-    for bad, name in unsupported:
-        if bad:
-            raise PtdError(f"{name} is not implemented in the runtime yet")
+    if cfg.tensorboard:
+        raise PtdError("tensorboard is not implemented in the runtime yet")
+    from .checkpoint.restore import precheck
+    precheck(cfg)  # resume: a usable checkpoint of this same run
+    if cfg.init_from and not cfg.resume:
+        from .hf import precheck as hf_precheck
+        hf_precheck(cfg.init_from, cfg.model, cfg.plan.seq_len)
 
 
 def prepare_data(cfg: TrainConfig) -> None:
@@ -86,6 +88,12 @@ def torchrun_command(config_path: Path, nproc: int, max_restarts: int, log_dir: 
 def worker_env(cfg: TrainConfig) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(cfg.threads))
+    if cfg.max_restarts:
+        # torchrun shares its rendezvous store with the workers and keeps it across
+        # restarts; a restarted worker can then read a dead peer's address left by the
+        # previous attempt ("Gloo connectFullMesh failed ... Connection refused", seen here
+        # with torch 2.13; pytorch/pytorch#135712). A fresh store per attempt avoids it.
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     return env
 
 
@@ -107,8 +115,8 @@ def start_workers(cfg: TrainConfig, config_path: Path, nproc: int) -> int:
     """Run the workers to completion; return the exit code for ``ptd train``."""
     if nproc == 1:
         from .worker import run
-        summary = run(cfg)
-        return 0 if summary["status"] == "ok" else 1
+        run(cfg)
+        return stopped(cfg)
     log_dir = Path(cfg.out) / "torchrun"
     shutil.rmtree(log_dir, ignore_errors=True)  # error files of an earlier run would mislead
     cmd = torchrun_command(config_path, nproc, cfg.max_restarts, log_dir)
@@ -122,7 +130,19 @@ def start_workers(cfg: TrainConfig, config_path: Path, nproc: int) -> int:
             detail = "no worker left an error file (killed by a signal?); see torchrun's report above"
         print(f"ptd: error: training failed (torchrun exit code {rc}); {detail}", file=sys.stderr)
         return rc if rc > 0 else 1
-    return 0
+    return stopped(cfg)
+
+
+def stopped(cfg: TrainConfig) -> int:
+    """1 with the reason if the workers stopped the run on purpose (a non-finite loss)."""
+    try:
+        status = json.loads((Path(cfg.out) / "summary.json").read_text()).get("status", "ok")
+    except (OSError, ValueError):
+        return 0
+    if status == "ok":
+        return 0
+    print(f"ptd: error: training {status}", file=sys.stderr)
+    return 1
 
 
 def train(cfg: TrainConfig, nproc: int, dry_run: bool = False) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -55,6 +55,8 @@ class Trainer:
         """Optimizer steps completed (what a checkpoint would record, with the loader's state)."""
         self.tokens = 0
         self.status = "ok"
+        self.after_step: list[Callable[["Trainer", dict[str, Any]], None]] = []
+        """Called after each completed step that does not stop the run (checkpointing)."""
 
     # ------------------------------------------------------------ phases
     def next_batch(self) -> list[MicroBatch]:
@@ -97,12 +99,14 @@ class Trainer:
         micro = self.next_batch()
         local = self.runner.forward_backward(micro)
         loss = self.global_loss(local)
-        skipped = not math.isfinite(loss)
-        if skipped:
+        grad_norm = self.clip_gradients() if math.isfinite(loss) else float("nan")
+        # fp16: the loss scaler skips overflowing steps itself (and lowers the scale).
+        bad_grads = not math.isfinite(grad_norm) and self.precision.scaler is None
+        skipped = not math.isfinite(loss) or bad_grads
+        if skipped:  # the update is not applied (on_nan decides whether the run goes on)
             self.optimizer.zero_grad(set_to_none=True)
-            grad_norm, lr = float("nan"), lr_at(step, self.cfg.optim, self.cfg.steps)
+            lr = lr_at(step, self.cfg.optim, self.cfg.steps)
         else:
-            grad_norm = self.clip_gradients()
             lr = self.optimizer_step(step)
         self._sync()
         dt = time.perf_counter() - t0
@@ -125,7 +129,11 @@ class Trainer:
             if step % self.cfg.log_every == 0 or step == self.cfg.steps or rec["skipped"]:
                 self.log.record(rec)
             if rec["skipped"] and self.cfg.on_nan == "stop":
-                self.status = f"stopped: non-finite loss at step {step}"
+                what = "loss" if not math.isfinite(rec["loss"]) else "gradient norm"
+                self.status = (f"stopped: non-finite {what} ({rec['loss']} / {rec['grad_norm']}) "
+                               f"at step {step}; nothing was saved from this step on")
                 self.log.note(f"ptd: {self.status}")
                 break
+            for hook in self.after_step:
+                hook(self, rec)
         return summarize(self.log.records) | {"status": self.status}

@@ -35,6 +35,7 @@ from .optim import build_optimizer
 from .parallel import parallelize, unwrap
 from .parallel.pp import split_model
 from .precision import Precision
+from .recovery import Recovery
 from .step import make_runner
 from .trainer import Trainer
 
@@ -94,12 +95,14 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     try:
         cfg.validate(dims.world_size)
         trainer = build_trainer(cfg, dims)
+        recovery = Recovery.start(cfg, dims, trainer)  # resume / init_from, checkpoints, timeouts
         probe = Probe.attach(trainer, cfg, dims, memory_step=cfg.measure.memory_step,
                              profile_steps=cfg.measure.profile_steps)
         dump = os.environ.get("PTD_DUMP_PARAMS") == "1"
         if dump:
             dump_params(trainer.model, Path(cfg.out) / "params_init.pt", dims)
         summary = trainer.train()
+        recovery.close()
         if dump:
             dump_params(trainer.model, Path(cfg.out) / "params_final.pt", dims)
         runtime_params = count_params(trainer.model, dims)
@@ -123,8 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m ptd.runtime.worker CONFIG.toml", file=sys.stderr)
         return 2
-    summary = run(load_config(args[0]))
-    return 0 if summary["status"] == "ok" else 1
+    run(load_config(args[0]))
+    # A run stopped on purpose (non-finite loss) is not a failure torchrun should restart
+    # from the same data into the same NaN: its status is in summary.json, which ptd train
+    # reads to set its own exit code.
+    return 0
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from ..errors import PtdError
 from . import tomlio
 from .model import ModelSpec, get_preset, load_model
 from .plan import ParallelPlan, plan_from_dict
+from .typecheck import check_fields
 
 
 @dataclass(frozen=True)
@@ -159,8 +160,10 @@ class TrainConfig:
             raise PtdError(f"steps must be at least 1, got {self.steps}")
         if self.threads < 1 or self.log_every < 1 or self.eval_every < 0 or self.max_restarts < 0:
             raise PtdError("threads and log_every must be >= 1, eval_every and max_restarts >= 0")
-        if self.timeout_s <= 0:
-            raise PtdError("timeout_s must be positive")
+        if not 0 < self.timeout_s <= 1e7:
+            raise PtdError(f"timeout_s must be positive and at most 1e7 s, got {self.timeout_s}")
+        if not 0 <= self.seed < 2**32:
+            raise PtdError(f"seed must be in [0, 2**32), got {self.seed}")
         if self.on_nan not in ("stop", "skip"):
             raise PtdError(f"on_nan must be 'stop' or 'skip', got {self.on_nan!r}")
         if self.eval_every and not self.data.val_fraction:
@@ -194,9 +197,11 @@ def _section(cls: type, d: dict[str, Any], name: str) -> Any:
     unknown = sorted(set(d) - known)
     if unknown:
         raise PtdError(f"[{name}]: unknown field(s) {', '.join(unknown)}")
+    if cls is DataConfig and isinstance(d.get("paths"), str):
+        d = dict(d, paths=[d["paths"]])
+    check_fields(cls, d, f"[{name}] ")
     if cls is DataConfig and "paths" in d:
-        paths = d["paths"]
-        d = dict(d, paths=tuple([paths] if isinstance(paths, str) else paths))
+        d = dict(d, paths=tuple(d["paths"]))
     try:
         return cls(**d)
     except TypeError as e:
@@ -210,11 +215,14 @@ def config_from_dict(d: dict[str, Any], base: TrainConfig | None = None) -> Trai
     changes: dict[str, Any] = {}
     if "model" in d:
         m = d.pop("model")
+        if isinstance(m, dict):
+            check_fields(ModelSpec, m, "[model] ")
         changes["model"] = load_model(m if isinstance(m, (dict, str)) else str(m))
     if "plan" in d:
         p = d.pop("plan")
         if not isinstance(p, dict):
             raise PtdError("[plan] must be a table")
+        check_fields(ParallelPlan, p, "[plan] ")
         changes["plan"] = plan_from_dict({**cfg.plan.to_dict(), **p})
     for name, cls in _SECTIONS.items():
         if name in d:
@@ -226,6 +234,7 @@ def config_from_dict(d: dict[str, Any], base: TrainConfig | None = None) -> Trai
     unknown = sorted(set(d) - known)
     if unknown:
         raise PtdError(f"unknown config field(s) {', '.join(unknown)}")
+    check_fields(TrainConfig, d, "")
     changes.update(d)
     try:
         return dataclasses.replace(cfg, **changes)

@@ -27,10 +27,12 @@ measurements on rank 0, which compares them with the cost model (:mod:`.compare`
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.autograd.profiler import record_function
@@ -114,6 +116,22 @@ def step_timeline(spans: list[Span], main: int, step: Span) -> list[tuple[str, f
     return out
 
 
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 for a moment: Kineto (torch 2.13) writes a ``USDT: ...
+    profiler_start`` / ``profiler_stop`` line from C++ at each start and stop, on every rank,
+    with no switch to turn it off."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 class Probe:
     def __init__(self, trainer: Any, cfg: Any, dims: Any, *, memory_step: int = 2,
                  profile_steps: int = 3) -> None:
@@ -121,8 +139,12 @@ class Probe:
         self.cfg = cfg
         self.dims = dims
         steps = cfg.steps
-        self.memory_step = min(memory_step, steps) if memory_step > 0 else 0
-        first_prof = max(self.memory_step, 1) + 1
+        # Counted from the step this run starts at (a resumed run starts past 0); its first
+        # step is warm-up either way.
+        base = int(getattr(trainer, "step", 0))
+        self.first_step = base + 1
+        self.memory_step = min(base + memory_step, steps) if memory_step > 0 else 0
+        first_prof = max(self.memory_step, base + 1) + 1
         self.profile_range = range(first_prof, min(steps, first_prof + profile_steps - 1) + 1) \
             if profile_steps > 0 else range(0)
         self.timer: dict[str, float] = {}
@@ -236,11 +258,13 @@ class Probe:
         if self.dims.device.type == "cuda":
             acts.append(ProfilerActivity.CUDA)
         self._prof = profile(activities=acts, record_shapes=False, with_stack=False)
-        self._prof.__enter__()
+        with _quiet_stderr():
+            self._prof.__enter__()
 
     def _stop_profiler(self) -> None:
         t0 = time.perf_counter()
-        self._prof.__exit__(None, None, None)
+        with _quiet_stderr():
+            self._prof.__exit__(None, None, None)
         events = self._prof.events()
         spans = events_to_spans(events)
         steps = sorted((s for s in spans if s.name == "ptd:step"), key=lambda s: s.start)
@@ -269,9 +293,10 @@ class Probe:
 
     # ------------------------------------------------------------ results
     def clean_steps(self) -> list[int]:
-        special = {1, self.memory_step, *self.profile_range}
+        special = {self.first_step, self.memory_step, *self.profile_range}
         clean = [s for s in sorted(self.step_times) if s not in special]
-        return clean or [s for s in sorted(self.step_times) if s != 1] or sorted(self.step_times)
+        return (clean or [s for s in sorted(self.step_times) if s != self.first_step]
+                or sorted(self.step_times))
 
     def local_result(self) -> dict[str, Any]:
         b = mean_breakdown(self.breakdowns) if self.breakdowns else None

@@ -144,3 +144,18 @@ def test_every_run_reports_measured_beside_predicted(tmp_path, name, flags):
     if name == "pp2":
         assert b["bubble"] > 0 and p["breakdown"]["bubble"] > 0
     assert "measured vs predicted" in stdout and "MFU" in stdout
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 30)
+def test_tensorboard_event_files_hold_the_steps_and_the_comparison(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    out = tmp_path / "tb_run"
+    s, _ = train(out, "--nproc", "1", "--micro-batch", "8", "--tensorboard")
+    acc = EventAccumulator(str(out / "tb"))
+    acc.Reload()
+    loss = acc.Scalars("train/loss")
+    assert [e.step for e in loss] == list(range(1, 7))
+    assert loss[0].value == pytest.approx(s["first_loss"], rel=1e-6)
+    assert acc.Scalars("measured/step_time_s")[0].value == pytest.approx(s["measured"]["step_time_s"])
+    assert acc.Scalars("predicted/step_time_s")[0].value == pytest.approx(s["predicted"]["step_time_s"])
+    assert "predicted_vs_measured/text_summary" in acc.Tags()["tensors"]

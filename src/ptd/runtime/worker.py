@@ -81,7 +81,7 @@ def build_trainer(cfg: TrainConfig, dims: ParallelDims) -> Trainer:
                   dp_rank=dims.dp_rank, dp_size=dims.dp_size, device=dims.device)
     loader = DataLoader(train, seed=cfg.seed, **common)
     val_batches = eval_batches(val, **common) if cfg.eval_every else []
-    log = RunLog(cfg.out, cfg.steps, enabled=dims.is_main)
+    log = RunLog(cfg.out, cfg.steps, enabled=dims.is_main, tensorboard=cfg.tensorboard)
     runner = make_runner(model, stage_modules, stage_ids, dims, precision)
     return Trainer(cfg, dims, model, runner, optimizer, precision, loader, log, val_batches,
                    FaultInjector(dims.rank))

@@ -256,12 +256,16 @@ def render(res: dict[str, Any], cl: dict[str, Any] | None) -> str:
                             for r in cl["speedup"]],
                            header=("strategy", "N", "plan", "step", "speedup", "efficiency", "MFU",
                                    "fits"), align="lrlrrrrl"))
-        lines.append("speedup at cluster scale: over one device's share of the smallest size's work")
+        lines.append("(speedup: over the smallest size, counted as that many devices' worth of "
+                     "perfectly shared work)")
+        lines += ["", f"memory per device at cluster scale (predicted): {cl['model']}, "
+                      "by data-parallel flavour"]
         lines.append(table([(r["strategy"], r["n"], gib(r["params"]), gib(r["grads"]), gib(r["optimizer"]),
                              gib(r["activations"]), gib(r["total"])) for r in cl["memory"]
                             if r["strategy"].startswith(("ddp", "zero"))],
                            header=("strategy", "N", "params", "grads", "optimizer", "activations",
                                    "total"), align="lrrrrrr"))
+        lines.append("")
         lines.append(table([(a["strategy"], f2(a["P"])) for a in cl["amdahl"]],
                            header=("strategy", "Amdahl P (cluster, predicted)"), align="lr"))
     return "\n".join(lines)

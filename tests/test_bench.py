@@ -60,4 +60,9 @@ def test_bench_scaling_reduced_grid(tmp_path):
     for png in ("speedup.png", "memory.png", "breakdown.png", "pipeline_timeline.png",
                 "cluster_speedup.png", "cluster_memory.png"):
         assert (out / png).stat().st_size > 5000, png
+    # the pipeline timeline has each stage's forward and backward spans
+    pp = json.loads((out / "runs" / "n2-dp1-tp1-pp2-z0" / "summary.json").read_text())
+    for rank in pp["per_rank"]:
+        labels = {span[0] for span in rank["timeline"]}
+        assert {"F", "B", "step"} <= labels, labels
     assert "Amdahl" in r.stdout and "measured | predicted" in r.stdout

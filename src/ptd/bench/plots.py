@@ -129,7 +129,7 @@ def timeline_plot(per_rank: list[dict], path: Path, title: str) -> None:
     below them; the white gaps inside the pipeline schedule are the bubble."""
     plt = _plt()
     n = len(per_rank)
-    fig, ax = plt.subplots(figsize=(8, 1.0 + 0.7 * n), dpi=100)
+    fig, ax = plt.subplots(figsize=(8, 1.8 + 0.7 * n), dpi=100)
     seen: set[str] = set()
     end = 1.0
     for i, r in enumerate(per_rank):
@@ -156,8 +156,8 @@ def timeline_plot(per_rank: list[dict], path: Path, title: str) -> None:
     ax.set_xlim(0, end)
     ax.set_xlabel("ms from the step's start (each rank's own clock)")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, ncol=4, loc="upper right", bbox_to_anchor=(1.0, -0.25 if n < 3 else -0.12))
-    fig.tight_layout()
+    fig.legend(fontsize=7, ncol=7, loc="lower center", frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path)
     plt.close(fig)
 

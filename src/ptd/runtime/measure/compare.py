@@ -169,6 +169,8 @@ def build_report(cfg: Any, ranks: Sequence[dict[str, Any]], clean_steps: Sequenc
         if b is not None:
             row["breakdown"] = b
             row["cost_view"] = cost_view(b["parts"], b["comm_exposed_by_phase"], plan)
+        if r.get("timeline"):
+            row["timeline"] = r["timeline"]  # (label, start ms, end ms) of the last profiled step
         per_rank.append(row)
     with_b = [r for r in per_rank if "cost_view" in r]
     if with_b:

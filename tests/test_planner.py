@@ -192,7 +192,7 @@ MEGATRON_ROWS = [  # (layers, hidden, heads, global batch, gpus, tp)
     (24, 2304, 24, 512, 32, 1),
     (40, 6144, 48, 1024, 256, 8),
 ]
-MEGATRON_OPTIONS = CostOptions(attention="scores", dp_overlap=False)
+MEGATRON_OPTIONS = CostOptions(attention="scores", dp_overlap=False, tp_grad_per_linear=False)
 
 
 @pytest.mark.parametrize("L,h,a,gb,n,tp", MEGATRON_ROWS)

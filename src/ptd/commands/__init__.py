@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-MODULES = ["calc", "estimate", "plan", "train", "calibrate", "export"]
+MODULES = ["calc", "estimate", "plan", "train", "calibrate", "bench", "export"]
 
 
 def load(name: str) -> ModuleType:

@@ -74,6 +74,14 @@ def add(p: argparse.ArgumentParser) -> None:
     o.add_argument("--timeout", type=positive_float, help="collective timeout, seconds (300)")
     o.add_argument("--max-restarts", type=nonneg_int, help="torchrun --max-restarts (0)")
     o.add_argument("--log-every", type=positive_int, help="metrics every N steps (1)")
+    o.add_argument("--hardware", help="preset or calibrated profile the prediction uses "
+                   "(default auto: ~/.ptd/hardware/calibrated.toml if present, else cpu)")
+    o.add_argument("--profile-steps", type=nonneg_int,
+                   help="steps profiled for the measured breakdown, after the memory step (3)")
+    o.add_argument("--memory-step", type=nonneg_int,
+                   help="step whose memory is tracked (2; 0: none)")
+    o.add_argument("--tensorboard", action="store_true", default=None,
+                   help="also write TensorBoard event files to OUT/tb")
     o.add_argument("--on-nan", choices=("stop", "skip"),
                    help="a non-finite loss stops the run (default) or skips that update")
     c = p.add_argument_group("checkpoints (README: Checkpoints, resume and recovery)")
@@ -99,8 +107,9 @@ _PLAN_FLAGS = ("dp", "tp", "pp", "vpp", "sp", "schedule", "uneven_stages", "zero
                "global_batch", "seq_len", "recompute", "dtype", "offload", "grad_compression")
 _TOP_FLAGS = {"steps": "steps", "seed": "seed", "out": "out", "compile": "compile",
               "threads": "threads", "timeout": "timeout_s", "max_restarts": "max_restarts",
-              "log_every": "log_every", "eval_every": "eval_every", "on_nan": "on_nan",
-              "resume": "resume", "init_from": "init_from"}
+              "log_every": "log_every", "eval_every": "eval_every", "hardware": "hardware",
+              "tensorboard": "tensorboard", "on_nan": "on_nan", "resume": "resume",
+              "init_from": "init_from"}
 _CHECKPOINT_FLAGS = {"checkpoint_every": "every", "checkpoint_keep": "keep",
                      "checkpoint_async": "async_save", "checkpoint_dir": "dir"}
 
@@ -150,11 +159,16 @@ def resolve(a: argparse.Namespace):  # -> tuple[TrainConfig, int]
         data = dataclasses.replace(data, paths=tuple(a.data))
     if a.val_fraction is not None:
         data = dataclasses.replace(data, val_fraction=a.val_fraction)
+    measure = cfg.measure
+    if a.profile_steps is not None:
+        measure = dataclasses.replace(measure, profile_steps=a.profile_steps)
+    if a.memory_step is not None:
+        measure = dataclasses.replace(measure, memory_step=a.memory_step)
     ckpt = dataclasses.replace(cfg.checkpoint, **{field: getattr(a, flag) for flag, field
                                                    in _CHECKPOINT_FLAGS.items()
                                                    if getattr(a, flag) is not None})
     top = {field: getattr(a, flag) for flag, field in _TOP_FLAGS.items() if getattr(a, flag) is not None}
-    cfg = cfg.replace(plan=plan, optim=optim, data=data, checkpoint=ckpt, **top)
+    cfg = cfg.replace(plan=plan, optim=optim, data=data, measure=measure, checkpoint=ckpt, **top)
     return cfg, a.nproc if a.nproc is not None else plan.world_size
 
 

@@ -30,13 +30,63 @@ from dataclasses import dataclass
 from ..specs.hardware import DTYPE_BYTES, HardwareSpec
 from ..specs.model import ModelSpec
 
-# Operators one block of ptd's runtime model dispatches, forward and backward (counted with
-# a TorchDispatchMode by tests/test_cost_vs_runtime.py; views and metadata-only ops included,
-# since on a CPU their dispatch is what they cost).
-OPS_FWD = {"swiglu": 34, "gelu": 32}
-OPS_BWD = {"swiglu": 60, "gelu": 56}
-OPS_OUTPUT_FWD, OPS_OUTPUT_BWD = 8, 14
-OPS_OPTIMIZER_PER_TENSOR = 10
+# Operators ptd's runtime dispatches, counted with a TorchDispatchMode on the runtime model
+# (``ptd.runtime.measure.opcount``; ``tests/test_cost_vs_runtime.py`` checks every variant
+# below against it). Views and metadata-only ops are included: on a CPU their dispatch is
+# what they cost. One block, by architectural feature (torch 2.13, CPU):
+OPS_BLOCK_BASE = (39, 76)
+"""(forward, backward) of a GELU block with LayerNorm, learned positions, no biases."""
+OPS_SWIGLU = (5, 12)       # gate product and SiLU instead of GELU
+OPS_ROPE = (24, 14)        # slicing the tables, rotate-half, two products and a sum, on q and k
+OPS_RMSNORM = (12, 30)     # F.rms_norm is composite on CPU: pow, mean, add, rsqrt, mul, mul
+OPS_BIAS_BWD_PER_LINEAR = 3  # a biased linear's backward adds its bias-gradient sum
+OPS_DROPOUT = (43, 30)     # residual dropouts, and SDPA's math path for attention dropout
+OPS_OUTPUT_BASE = (10, 18)
+"""Final LayerNorm, output layer and fp32 cross-entropy (forward, backward)."""
+# Operators on DTensors with tensor parallelism (counted by ptd.runtime.measure.opcount on a
+# one-rank tp mesh; each costs ``overheads_measured["dtensor_op"]`` beyond a plain operator:
+# sharding propagation and wrapping in Python). Per linear layer: forward (input from_local,
+# view, t, mm/addmm, output to_local) and backward; sequence parallelism adds the norms on
+# DTensors and the input layouts of attention and MLP.
+OPS_TP_LINEAR = (4, 9)
+OPS_TP_BIAS_BWD = 3
+OPS_TP_SP_BLOCK = (14, 39)
+OPS_TP_OUTPUT = (8, 14)
+OPS_TP_SP_OUTPUT = (15, 32)
+OPS_OPTIMIZER_PER_TENSOR = 16
+"""Per parameter tensor: gradient-norm (pow, sum, add), clipping (mul), single-tensor AdamW (12)."""
+
+
+def block_ops(model: ModelSpec) -> tuple[int, int]:
+    """(forward, backward) operators of one block of ptd's runtime model."""
+    f, b = OPS_BLOCK_BASE
+    linears = 4 + (3 if model.mlp == "swiglu" else 2)
+    for on, (df, db) in ((model.mlp == "swiglu", OPS_SWIGLU), (model.position == "rope", OPS_ROPE),
+                         (model.norm == "rmsnorm", OPS_RMSNORM), (model.dropout > 0, OPS_DROPOUT)):
+        if on:
+            f, b = f + df, b + db
+    if model.bias:
+        b += OPS_BIAS_BWD_PER_LINEAR * linears
+    return f, b
+
+
+def tp_dtensor_ops(model: ModelSpec, sp: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((forward, backward) of one block, (forward, backward) of the output layer and loss):
+    operators that run on DTensors when tp > 1 (see ``OPS_TP_*``)."""
+    linears = 4 + (3 if model.mlp == "swiglu" else 2)
+    bf = linears * OPS_TP_LINEAR[0]
+    bb = linears * (OPS_TP_LINEAR[1] + (OPS_TP_BIAS_BWD if model.bias else 0))
+    if sp:
+        bf, bb = bf + OPS_TP_SP_BLOCK[0], bb + OPS_TP_SP_BLOCK[1]
+    return (bf, bb), (OPS_TP_SP_OUTPUT if sp else OPS_TP_OUTPUT)
+
+
+def output_ops(model: ModelSpec) -> tuple[int, int]:
+    """(forward, backward) operators of the final norm, output layer and loss."""
+    f, b = OPS_OUTPUT_BASE
+    if model.norm == "rmsnorm":
+        f, b = f + OPS_RMSNORM[0] // 2, b + OPS_RMSNORM[1] // 2
+    return f, b
 
 
 @dataclass(frozen=True)
@@ -129,9 +179,11 @@ def scores_bytes_fwd(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
 
 def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: int, tp: int,
                sp: bool, dtype: str, rate: float, attention: str = "flash",
-               bw: float | None = None, overhead: float | None = None) -> BlockTime:
+               bw: float | None = None, overhead: float | None = None,
+               dtensor_overhead: float = 0.0) -> BlockTime:
     """``rate``, ``bw`` and ``overhead``: one worker's matmul FLOP/s, memory bandwidth and
-    per-operator cost with its node's workers running (default: the hardware's own)."""
+    per-operator cost with its node's workers running (default: the hardware's own);
+    ``dtensor_overhead``: the extra cost of an operator on a DTensor (tp > 1)."""
     ab = DTYPE_BYTES[dtype]
     bw = bw or hw.effective_memory_bandwidth
     overhead = hw.op_overhead if overhead is None else overhead
@@ -149,17 +201,21 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
         t_attn = (sum(gemm_time(g, rate, bw, ab) for g in attn)
                   + scores_bytes_fwd(model, seq_len, micro_batch, tp, ab) / bw)
         t_attn_bwd = 2 * t_attn
-    ops = OPS_FWD[model.mlp], OPS_BWD[model.mlp]
+    ops = block_ops(model)
     fwd = t_lin + t_attn + ew + ops[0] * overhead
     bwd = 2 * t_lin + t_attn_bwd + 2 * ew + ops[1] * overhead
+    if tp > 1 and dtensor_overhead:
+        (df, db), _ = tp_dtensor_ops(model, sp)
+        fwd += df * dtensor_overhead
+        bwd += db * dtensor_overhead
     down = lin[-1]  # the block's last product (per expert for MoE)
     return BlockTime(forward=fwd, backward=bwd, attention_forward=t_attn,
                      last_matmul_forward=gemm_time(down, rate, bw, ab) + overhead)
 
 
 def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype: str,
-                rate: float, bw: float | None = None, overhead: float | None = None
-                ) -> tuple[float, float]:
+                rate: float, bw: float | None = None, overhead: float | None = None,
+                dtensor_overhead: float = 0.0, sp: bool = False) -> tuple[float, float]:
     """(forward, backward) seconds of final norm, output layer and loss on the last stage.
     The loss works in fp32 over the local vocabulary shard (log-softmax, gather, its
     gradient: about five fp32 passes over ``s b V / t``)."""
@@ -169,21 +225,32 @@ def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype:
     g = Gemm(tokens, model.vocab_size / tp, model.hidden)
     loss_bytes = 5 * 4 * tokens * model.vocab_size / tp
     norm_bytes = 2 * ab * tokens * model.hidden
-    fwd = gemm_time(g, rate, bw, ab) + (0.5 * loss_bytes + norm_bytes) / bw + OPS_OUTPUT_FWD * overhead
-    bwd = 2 * gemm_time(g, rate, bw, ab) + (0.5 * loss_bytes + 2 * norm_bytes) / bw + OPS_OUTPUT_BWD * overhead
+    of, ob = output_ops(model)
+    fwd = gemm_time(g, rate, bw, ab) + (0.5 * loss_bytes + norm_bytes) / bw + of * overhead
+    bwd = 2 * gemm_time(g, rate, bw, ab) + (0.5 * loss_bytes + 2 * norm_bytes) / bw + ob * overhead
+    if tp > 1 and dtensor_overhead:
+        _, (df, db) = tp_dtensor_ops(model, sp)
+        fwd += df * dtensor_overhead
+        bwd += db * dtensor_overhead
     return fwd, bwd
 
 
 def optimizer_time(local_params: float, n_tensors: int, hw: HardwareSpec, offload: bool = False,
-                   bw: float | None = None, overhead: float | None = None) -> float:
+                   bw: float | None = None, overhead: float | None = None,
+                   per_tensor: float | None = None) -> float:
     """AdamW over the rank's own parameters: memory-bound, reading parameter, gradient and
     both moments and writing parameter and moments (28 bytes per fp32 parameter), plus the
     gradient-norm pass (4 bytes). With offload, gradients go to the host and parameters come
-    back over the host link, and the update runs on host memory at the same byte count."""
+    back over the host link, and the update runs on host memory at the same byte count.
+    ``per_tensor``: the measured framework cost per parameter tensor of the whole phase
+    (norm, clipping, AdamW: ``overheads_measured``), else ``OPS_OPTIMIZER_PER_TENSOR``
+    operators at ``overhead`` each."""
     nbytes = 32.0 * local_params
     bw = bw or hw.effective_memory_bandwidth
     overhead = hw.op_overhead if overhead is None else overhead
-    t = nbytes / bw + n_tensors * OPS_OPTIMIZER_PER_TENSOR * overhead
+    if per_tensor is None:  # not calibrated: the operators alone
+        per_tensor = OPS_OPTIMIZER_PER_TENSOR * overhead
+    t = nbytes / bw + n_tensors * per_tensor
     if offload:
         t += 8.0 * local_params / hw.host_bandwidth
     return t

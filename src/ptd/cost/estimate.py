@@ -38,6 +38,14 @@ class CostOptions:
     recompute_early_stop: bool = True
     """Full recompute stops before each block's last product (PyTorch's non-reentrant
     checkpoint); False re-runs the whole forward (Megatron-LM)."""
+    fused_norm: bool | None = None
+    """RMSNorm by a fused kernel that keeps only its input and statistics (GPUs: PyTorch's
+    CUDA ``rms_norm``, apex, Megatron), or by PyTorch's composite ``rms_norm`` that also
+    keeps the normalised input (the CPU). None: by the hardware's ``kind``."""
+    tp_grad_per_linear: bool = True
+    """Without sequence parallelism, each column-parallel layer's input gradient is
+    all-reduced on its own (PyTorch DTensor: 5 per SwiGLU block backward); False: summed
+    first, 2 per block (Megatron-LM)."""
 
 
 @dataclass(frozen=True)
@@ -125,11 +133,16 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         plan.validate(model, cluster.n_devices)
     fl = flops_per_token(model, plan.seq_len, plan.recompute, options.recompute_early_stop)
     mem = memory(model, plan, cluster.hardware.usable_memory, options.convention,
-                 options.attention, options.gqa_expanded)
+                 options.attention, options.gqa_expanded, fused_norm(options, cluster.hardware))
     st = step_time(model, plan, cluster, options.attention, options.dp_overlap,
-                   options.recompute_early_stop)
+                   options.recompute_early_stop, options.tp_grad_per_linear)
     d = float(tokens) if tokens else 20.0 * model.param_count()
     return Estimate(model, cluster, plan, fl, mem, st, d)
+
+
+def fused_norm(options: CostOptions, hw: Any) -> bool:
+    """Whether norms are fused kernels on this hardware (see ``CostOptions.fused_norm``)."""
+    return options.fused_norm if options.fused_norm is not None else hw.kind != "cpu"
 
 
 # ------------------------------------------------------------------- choosing

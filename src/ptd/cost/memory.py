@@ -179,8 +179,11 @@ def zero_paper_model_states(n_params: float, dp: int, stage: int, k: int = 12) -
 def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1,
                                sp: bool = False, recompute: str = "none", act_bytes: int = 2,
                                attention: AttentionKind = "flash", gqa_expanded: bool = False,
-                               dropout: bool | None = None) -> float:
-    """Bytes one block keeps for its backward, for one micro-batch (see module docstring)."""
+                               dropout: bool | None = None, fused_norm: bool = True) -> float:
+    """Bytes one block keeps for its backward, for one micro-batch (see module docstring).
+    ``fused_norm=False``: RMSNorm runs as PyTorch's composite ``rms_norm`` (what the CPU
+    runs), which keeps the normalised input ``x * rsqrt(mean(x^2) + eps)`` for the weight's
+    gradient beside the norm's input and output: one more ``a_b s b h`` per norm."""
     s, b, h, a, t = seq_len, micro_batch, model.hidden, model.n_heads, tp
     q = model.q_dim
     kv = q if gqa_expanded else model.kv_dim
@@ -194,6 +197,8 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     total = 0.0
     total += 2 * ab * sbh / seq_div                       # two norm inputs
     total += 2 * ab * sbh / seq_div                       # QKV input, MLP input
+    if not fused_norm and model.norm == "rmsnorm":
+        total += 2 * ab * sbh / seq_div                   # composite RMSNorm: x * rstd, twice
     total += ab * s * b * (q + 2 * kv) / t                # Q, K, V
     total += ab * s * b * q / t                           # attention-output input
     total += (2 if model.mlp == "gelu" else 4) * ab * s * b * f / t
@@ -212,18 +217,20 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
 
 
 def output_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1,
-                            sp: bool = False, act_bytes: int = 2) -> float:
+                            sp: bool = False, act_bytes: int = 2, fused_norm: bool = True) -> float:
     """What the final norm, output layer and cross-entropy keep: the norm input and output
-    layer input (``a_b s b h`` each, /t with sp) and the fp32 log-probabilities
-    (``4 s b V / t``) that the loss's backward needs."""
+    layer input (``a_b s b h`` each, /t with sp; a composite RMSNorm also its normalised
+    input) and the fp32 log-probabilities (``4 s b V / t``) that the loss's backward needs."""
     sbh = seq_len * micro_batch * model.hidden
-    return 2 * act_bytes * sbh / (tp if sp else 1) + 4 * seq_len * micro_batch * model.vocab_size / tp
+    norm = 3 if (not fused_norm and model.norm == "rmsnorm") else 2
+    return norm * act_bytes * sbh / (tp if sp else 1) + 4 * seq_len * micro_batch * model.vocab_size / tp
 
 
 def output_transient_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1) -> float:
-    """Working memory of the loss at its peak: the logits' gradient is allocated while the
-    log-probabilities are still alive (fp32, ``4 s b V / t``)."""
-    return 4 * seq_len * micro_batch * model.vocab_size / tp
+    """Working memory of the loss at its peak: NLL's backward writes the dense gradient of
+    the log-probabilities, and log-softmax's backward allocates the logits' gradient while
+    that one is still alive (fp32, ``4 s b V / t`` each)."""
+    return 2 * 4 * seq_len * micro_batch * model.vocab_size / tp
 
 
 def in_flight(plan: ParallelPlan, pp_rank: int) -> float:
@@ -261,12 +268,15 @@ def _held_layers(model: ModelSpec, layout: tuple, m: int, v: int, schedule: str
 
 
 def activation_bytes(model: ModelSpec, plan: ParallelPlan, attention: AttentionKind = "flash",
-                     gqa_expanded: bool = False, pp_rank: int | None = None) -> float:
+                     gqa_expanded: bool = False, pp_rank: int | None = None,
+                     fused_norm: bool = True) -> float:
     """Peak activation bytes on the most loaded pipeline rank (or the given one)."""
     ab = DTYPE_BYTES[plan.dtype]
     per_layer = activation_bytes_per_layer(model, plan.seq_len, plan.micro_batch, plan.tp,
-                                           plan.sp, plan.recompute, ab, attention, gqa_expanded)
-    out_keep = output_activation_bytes(model, plan.seq_len, plan.micro_batch, plan.tp, plan.sp, ab)
+                                           plan.sp, plan.recompute, ab, attention, gqa_expanded,
+                                           fused_norm=fused_norm)
+    out_keep = output_activation_bytes(model, plan.seq_len, plan.micro_batch, plan.tp, plan.sp, ab,
+                                       fused_norm)
     out_work = output_transient_bytes(model, plan.seq_len, plan.micro_batch, plan.tp)
     emb = ab * plan.seq_len * plan.micro_batch * model.hidden / (plan.tp if plan.sp else 1)
     layout = P.layout_key(plan)
@@ -326,13 +336,13 @@ def buffer_bytes(model: ModelSpec, plan: ParallelPlan, pp_rank: int = 0) -> floa
 
 def memory(model: ModelSpec, plan: ParallelPlan, capacity: float = 0.0,
            convention: Convention = "ptd", attention: AttentionKind = "flash",
-           gqa_expanded: bool = False) -> MemoryBreakdown:
+           gqa_expanded: bool = False, fused_norm: bool = True) -> MemoryBreakdown:
     """Memory on the most loaded device."""
     p, g, o = model_state_bytes(model, plan, convention)
     if plan.offload:
         # FSDP CPU offload keeps sharded parameters, gradients and optimizer states in host
         # memory; the device holds only what is gathered for compute (buffers).
         p = g = o = 0.0
-    act = activation_bytes(model, plan, attention, gqa_expanded)
+    act = activation_bytes(model, plan, attention, gqa_expanded, fused_norm=fused_norm)
     return MemoryBreakdown(params=p, grads=g, optimizer=o, activations=act,
                            buffers=buffer_bytes(model, plan), capacity=capacity)

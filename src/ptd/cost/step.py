@@ -121,26 +121,55 @@ def _node_split(axis: str, dp: int, tp: int, pp: int, devices_per_node: int) -> 
     return axis_node_split(axis, ParallelPlan(dp=dp, tp=tp, pp=pp), devices_per_node)  # type: ignore[arg-type]
 
 
+def shared_rate_ratio(cluster: ClusterSpec, dtype: str, busy: float) -> float:
+    """How much faster one worker computes when only ``busy`` of its node's workers are
+    computing instead of all of them: 1 where devices do not share compute units (GPUs,
+    presets); on a calibrated CPU whose workers share the cores, the measured per-worker
+    rate at the full count over a processor-sharing rate at ``busy`` workers,
+    ``min(R_1, C / busy)`` with ``C = max_N N R_N`` the node's measured aggregate rate."""
+    table = cluster.hardware.gemm_flops_measured.get(dtype, {})
+    w = cluster.workers_per_node
+    if len(table) < 2 or busy >= w:
+        return 1.0
+    cap = max(n * cluster.hardware.gemm_rate(dtype, n) for n in table)
+    r1 = cluster.hardware.gemm_rate(dtype, 1)
+    r_busy = min(r1, cap / max(busy, 1e-9))
+    return min(1.0, cluster.gemm_rate(dtype) / r_busy)
+
+
 def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
               attention: str = "flash", dp_overlap: bool = True,
-              recompute_early_stop: bool = True) -> StepBreakdown:
+              recompute_early_stop: bool = True, tp_grad_per_linear: bool = True
+              ) -> StepBreakdown:
+    """``tp_grad_per_linear``: tensor parallelism without sequence parallelism all-reduces
+    each column-parallel layer's input gradient on its own (PyTorch DTensor, ptd's runtime:
+    wq, wk, wv, w1 and w3 each); False sums them first and all-reduces twice per block
+    (Megatron-LM's fused QKV and MLP input)."""
     hw = cluster.hardware
     ab = DTYPE_BYTES[plan.dtype]
     rate = cluster.gemm_rate(plan.dtype)
     s, mb, m = plan.seq_len, plan.micro_batch, plan.n_microbatches
     tokens = s * mb
     bw, ovh = cluster.memory_bandwidth, cluster.op_overhead
-    blk = _memo(C.block_time, model, hw, s, mb, plan.tp, plan.sp, plan.dtype, rate, attention, bw, ovh)
-    out_f, out_b = _memo(C.output_time, model, hw, tokens, plan.tp, plan.dtype, rate, bw, ovh)
+    dt_ovh = (cluster.overhead("dtensor_op") or 0.0) if plan.tp > 1 else 0.0
+    blk = _memo(C.block_time, model, hw, s, mb, plan.tp, plan.sp, plan.dtype, rate, attention, bw,
+                ovh, dt_ovh)
+    out_f, out_b = _memo(C.output_time, model, hw, tokens, plan.tp, plan.dtype, rate, bw, ovh,
+                         dt_ovh, plan.sp)
 
     # tensor-parallel collectives, per block and per micro-batch
     tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")
     act = ab * tokens * model.hidden
     ar = _coll("all_reduce", act, tp_n, hw, tp_nodes, tp_per)
     tp_block_f = 2 * ar
-    tp_block_b = 2 * ar + (2 * ar if plan.recompute == "full" else 0.0)
+    if tp_grad_per_linear and not plan.sp:
+        col = 3 + (2 if model.mlp == "swiglu" else 1)  # wq, wk, wv; w1 (and w3)
+    else:
+        col = 2
+    tp_block_b = col * ar + (2 * ar if plan.recompute == "full" else 0.0)
     tp_emb = ar  # vocabulary-parallel embedding output
-    tp_out_f = (ar if plan.sp else 0.0) + 2 * _coll("all_reduce", 4 * tokens, tp_n, hw, tp_nodes, tp_per)
+    # loss_parallel's cross-entropy: max, sum of exponentials, target logit (fp32 per token)
+    tp_out_f = (ar if plan.sp else 0.0) + 3 * _coll("all_reduce", 4 * tokens, tp_n, hw, tp_nodes, tp_per)
     tp_out_b = ar
 
     # per pipeline rank: compute and tp time of one micro-batch through all its chunks
@@ -169,6 +198,13 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
         else:
             fill = (p - 1) / v
         bubble = fill * per_mb
+        # Workers that share compute units (a CPU with more workers than cores) lend their
+        # share to the busy ones while they wait: on average only m / (m + fill) of the
+        # node's workers compute, each at the processor-sharing rate for that many.
+        k = shared_rate_ratio(cluster, plan.dtype, cluster.workers_per_node * m / (m + fill))
+        if k < 1.0:
+            c_mb = f + b + rc
+            bubble = max(0.0, (m + fill) * c_mb * k - m * c_mb) + fill * (tf + tb)
         pp_n, pp_nodes, _ = _group(plan, cluster, "pp")
         p2p_bytes = act / (plan.tp if plan.sp else 1)
         t_p2p = _coll("send_recv", p2p_bytes, 2, hw, 2 if pp_nodes > 1 else 1)
@@ -211,10 +247,18 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
 
     opt_params = local / dp_n if plan.zero >= 1 else local
     n_tensors = len(P.layer_params(model)) * nl + 4
-    optimizer = C.optimizer_time(opt_params, n_tensors, hw, plan.offload, bw, ovh) + opt_comm
+    dtensor_params = plan.tp > 1 or plan.zero >= 2
+    per_tensor = cluster.overhead("optimizer_tensor_dtensor" if dtensor_params else "optimizer_tensor")
+    optimizer = C.optimizer_time(opt_params, n_tensors, hw, plan.offload, bw, ovh, per_tensor) + opt_comm
+    if plan.tp > 1 and plan.sp and plan.zero < 2:
+        # the norms' partial gradients, summed over tp once per step (one small all-reduce each)
+        n_norms = (2 * nl + 1) if model.norm == "rmsnorm" else (4 * nl + 2)
+        tp_step = n_norms * _coll("all_reduce", 4 * model.hidden, tp_n, hw, tp_nodes, tp_per)
+    else:
+        tp_step = 0.0
 
     compute = m * (f + b + rc)
-    tp_comm = m * (tf + tb)
+    tp_comm = m * (tf + tb) + tp_step
     total = compute + tp_comm + pp_comm + bubble + dp_exposed + optimizer
     return StepBreakdown(total=total, compute=compute, tp_comm=tp_comm, pp_comm=pp_comm,
                          dp_comm_exposed=dp_exposed, bubble=bubble, optimizer=optimizer,

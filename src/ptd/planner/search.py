@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from ..cost.estimate import CostOptions, Estimate
+from ..cost.estimate import CostOptions, Estimate, fused_norm
 from ..cost.flops import flops_per_token
 from ..cost.memory import memory
 from ..cost.step import step_time
@@ -211,12 +211,13 @@ class _Pricer:
 
     def memory(self, plan: ParallelPlan):
         o = self.options
-        return memory(self.model, plan, self.capacity, o.convention, o.attention, o.gqa_expanded)
+        return memory(self.model, plan, self.capacity, o.convention, o.attention, o.gqa_expanded,
+                      fused_norm(o, self.cluster.hardware))
 
     def estimate(self, plan: ParallelPlan, mem) -> Estimate:
         o = self.options
         st = step_time(self.model, plan, self.cluster, o.attention, o.dp_overlap,
-                       o.recompute_early_stop)
+                       o.recompute_early_stop, o.tp_grad_per_linear)
         return Estimate(self.model, self.cluster, plan, self.flops[plan.recompute], mem, st,
                         self.tokens)
 

@@ -56,7 +56,10 @@ def check_runtime(cfg: TrainConfig, nproc: int, this_host: bool = True) -> None:
     if this_host and torch.cuda.is_available() and nproc > torch.cuda.device_count():
         raise PtdError(f"{nproc} workers but {torch.cuda.device_count()} GPU(s) on this host")
     if cfg.tensorboard:
-        raise PtdError("tensorboard is not implemented in the runtime yet")
+        import importlib.util
+        if importlib.util.find_spec("tensorboard") is None:
+            raise PtdError("--tensorboard needs the tensorboard package: "
+                           "pip install -e '.[tensorboard]' (scripts/setup installs it)")
     from .checkpoint.restore import precheck
     precheck(cfg)  # resume: a usable checkpoint of this same run
     if cfg.init_from and not cfg.resume:

@@ -79,16 +79,21 @@ def final_words(s: dict[str, Any]) -> str:
 class RunLog:
     """Rank 0's writer; ``enabled=False`` makes every method a no-op."""
 
-    def __init__(self, out: str | Path, total_steps: int, enabled: bool) -> None:
+    def __init__(self, out: str | Path, total_steps: int, enabled: bool,
+                 tensorboard: bool = False) -> None:
         self.enabled = enabled
         self.out = Path(out)
         self.records: list[dict[str, Any]] = []
         self._file = None
         self._bar = None
+        self._tb = None
         if not enabled:
             return
         self.out.mkdir(parents=True, exist_ok=True)
         self._file = open(self.out / "metrics.jsonl", "w")
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self._tb = SummaryWriter(str(self.out / "tb"))
         from tqdm import tqdm
         self._bar = tqdm(total=total_steps, unit="step", file=sys.stderr, dynamic_ncols=True,
                          mininterval=0.5 if sys.stderr.isatty() else 5.0)
@@ -99,6 +104,10 @@ class RunLog:
             return
         self._file.write(json.dumps(rec) + "\n")
         self._file.flush()
+        if self._tb is not None:
+            for k, v in rec.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(f"train/{k}", v, rec["step"])
         self._bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:,.0f}",
                               refresh=False)
         self._bar.update(rec["step"] - self._bar.n)
@@ -113,4 +122,30 @@ class RunLog:
         self._bar.close()
         self._file.close()
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if self._tb is not None:
+            self._summary_to_tensorboard(summary)
         print(final_words(summary), flush=True)
+
+    def _summary_to_tensorboard(self, summary: dict[str, Any]) -> None:
+        """Predicted vs measured as scalars at the last step (``measured/...``,
+        ``predicted/...``, ``ratio/...``) and the comparison table as text."""
+        step = int(summary.get("steps", 0))
+        for side in ("measured", "predicted", "ratio"):
+            for k, v in _flat(summary.get(side) or {}).items():
+                self._tb.add_scalar(f"{side}/{k}", v, step)
+        if summary.get("measured"):
+            from .measure.compare import comparison_table
+            self._tb.add_text("predicted_vs_measured",
+                              "```\n" + comparison_table(summary) + "\n```", step)
+        self._tb.close()
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """Nested numbers as ``a/b/c`` keys (TensorBoard tags)."""
+    out: dict[str, float] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}/"))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"{prefix}{k}"] = float(v)
+    return out

@@ -190,11 +190,11 @@ def make_runner(model: nn.Module, stage_modules: Sequence[nn.Module], stage_ids:
     """The runner for ``dims.plan``: a pipeline schedule when pp > 1, else accumulation.
     ``stage_modules``/``stage_ids``: this rank's pipeline stages (see ``parallel.pp``)."""
     from .parallel.ddp import dp_grad_sync
-    from .parallel.tp import ReducePartialGrads
+    from .parallel.tp import AlignTPGrads
     plan = dims.plan
     hooks: list[Callable[[], None]] = []
     if plan.tp > 1 and plan.zero < 2:  # (FSDP reduces tp-partial gradients itself)
-        hooks.append(ReducePartialGrads(list(model.parameters())))
+        hooks.append(AlignTPGrads(list(model.parameters())))
     dp_sync = dp_grad_sync(model, plan, dims.group("dp"))
     if dp_sync is not None:
         hooks.append(dp_sync)

@@ -89,6 +89,21 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class MeasureConfig:
+    """What each run measures beside training (see ``ptd.runtime.measure``)."""
+
+    memory_step: int = 2
+    """Step whose forward+backward is memory-tracked (model states, activation peak); 0: none."""
+    profile_steps: int = 3
+    """Steps profiled with ``torch.profiler`` right after the memory step (the measured
+    step-time breakdown is their mean); 0: none."""
+
+    def validate(self) -> None:
+        if self.memory_step < 0 or self.profile_steps < 0:
+            raise PtdError("measure: memory_step and profile_steps must be >= 0")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """A whole training run."""
 
@@ -101,6 +116,7 @@ class TrainConfig:
     """AdamW; the default run warms up over its first 10% of steps."""
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
     steps: int = 200
     """Optimizer steps to run (the default run: ~3 minutes with 4 workers on 2 CPU cores,
     819,200 tokens; see README, "Training")."""
@@ -108,8 +124,10 @@ class TrainConfig:
     """Seeds weights, data order and dropout: the same seed gives the same run on any layout."""
     out: str = "runs/latest"
     """Output folder: metrics.jsonl, summary.json, config.toml, checkpoints."""
-    hardware: str = "cpu"
-    """Hardware preset or calibrated profile the prediction is made for."""
+    hardware: str = "auto"
+    """Hardware preset or calibrated profile the prediction is made for; ``auto``: the
+    profile ``ptd calibrate`` wrote (``$PTD_HOME/hardware/calibrated.toml``) if there is
+    one, else the device's preset (``cpu``)."""
     compile: bool = False
     """Wrap each transformer block in ``torch.compile``."""
     threads: int = 1
@@ -137,6 +155,7 @@ class TrainConfig:
         self.optim.validate()
         self.data.validate()
         self.checkpoint.validate()
+        self.measure.validate()
         if self.steps < 1:
             raise PtdError(f"steps must be at least 1, got {self.steps}")
         if self.threads < 1 or self.log_every < 1 or self.eval_every < 0 or self.max_restarts < 0:
@@ -169,7 +188,8 @@ class TrainConfig:
         Path(path).write_text(self.to_toml())
 
 
-_SECTIONS = {"optim": OptimConfig, "data": DataConfig, "checkpoint": CheckpointConfig}
+_SECTIONS = {"optim": OptimConfig, "data": DataConfig, "checkpoint": CheckpointConfig,
+             "measure": MeasureConfig}
 
 
 def _section(cls: type, d: dict[str, Any], name: str) -> Any:

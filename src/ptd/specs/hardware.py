@@ -101,6 +101,8 @@ class HardwareSpec:
     buffers, library workspaces. A plan fits if its total is at most ``usable_memory``."""
     sparse_peak_flops: dict[str, float] = field(default_factory=dict)
     """Vendor 2:4-sparse peaks, for display only: never an MFU denominator."""
+    kind: str = "gpu"
+    """``gpu`` or ``cpu``: which kernels PyTorch runs (a CPU's RMSNorm is composite)."""
     gemm_flops_measured: dict[str, dict[int, float]] = field(default_factory=dict)
     """From ``ptd calibrate``: achieved matmul FLOP/s per worker, by dtype, then by how many
     workers ran at once on the node (cores and memory are shared). Overrides peak*efficiency."""
@@ -111,6 +113,14 @@ class HardwareSpec:
     """From ``ptd calibrate``: seconds per operator dispatch by workers at once."""
     collectives: tuple[CollectiveFit, ...] = ()
     """From ``ptd calibrate``: measured alpha-beta per collective and group size."""
+    overheads_measured: dict[str, dict[int, float]] = field(default_factory=dict)
+    """From ``ptd calibrate`` (CPU): seconds of framework overhead by kind, then by workers at
+    once: ``dtensor_op`` (one operator on a ``DTensor`` beyond the same operator on a plain
+    tensor: sharding propagation and wrapping), ``optimizer_tensor`` (one parameter tensor's
+    share of the optimizer phase -- gradient-norm, clipping, single-tensor AdamW -- on plain
+    tensors) and ``optimizer_tensor_dtensor`` (the same on DTensor parameters, as FSDP and
+    tensor parallelism make them). Absent: 0 for ``dtensor_op``, operator counts times
+    ``op_overhead`` for the optimizer."""
     sources: dict[str, str] = field(default_factory=dict)
     """Where each number comes from."""
 
@@ -166,6 +176,13 @@ class HardwareSpec:
         return _per_worker(self.op_overhead_measured, workers_per_node, self.op_overhead,
                            share=False)
 
+    def overhead_at(self, kind: str, workers_per_node: int = 1) -> float | None:
+        """A measured framework overhead (see ``overheads_measured``), or None."""
+        table = self.overheads_measured.get(kind)
+        if not table:
+            return None
+        return _per_worker(table, workers_per_node, 0.0, share=False)
+
     def collective_fit(self, kind: str, group_size: int) -> CollectiveFit | None:
         """The measured fit for ``kind`` at the closest group size, if calibrated."""
         fits = [c for c in self.collectives if c.kind == kind]
@@ -180,6 +197,8 @@ class HardwareSpec:
         d = dataclasses.asdict(self)
         d["gemm_flops_measured"] = {k: {str(n): r for n, r in v.items()}
                                     for k, v in self.gemm_flops_measured.items()}
+        d["overheads_measured"] = {k: {str(n): r for n, r in v.items()}
+                                   for k, v in self.overheads_measured.items()}
         for k in ("memory_bandwidth_measured", "op_overhead_measured"):
             d[k] = {str(n): v for n, v in getattr(self, k).items()}
         return d
@@ -241,6 +260,10 @@ class ClusterSpec:
     @property
     def op_overhead(self) -> float:
         return self.hardware.op_overhead_at(self.workers_per_node)
+
+    def overhead(self, kind: str) -> float | None:
+        """A measured framework overhead with the node's workers running, or None."""
+        return self.hardware.overhead_at(kind, self.workers_per_node)
 
 
 # ------------------------------------------------------------------ presets
@@ -328,7 +351,7 @@ PRESETS: dict[str, HardwareSpec] = {
         # (../shared/README.md describes an AVX-512-BF16 machine: ~61 GFLOP/s fp32 and ~180
         # bf16 on one thread; this machine measured otherwise.)
         HardwareSpec(
-            name="cpu", peak_flops={"fp32": 90.8 * G, "bf16": 5.07 * G, "fp16": 5.07 * G},
+            name="cpu", kind="cpu", peak_flops={"fp32": 90.8 * G, "bf16": 5.07 * G, "fp16": 5.07 * G},
             memory_bytes=24 * GiB, memory_bandwidth=19.3 * G,
             intra_node=LinkSpec(1.24 * G, 664e-6, 1.0), inter_node=LinkSpec(1.0 * G, 100e-6, 1.0),
             devices_per_node=8, gemm_efficiency=1.0, memory_efficiency=1.0, op_overhead=1.79e-6,
@@ -369,9 +392,9 @@ def hardware_from_dict(d: dict[str, Any], name: str = "custom") -> HardwareSpec:
     for k in ("intra_node", "inter_node"):
         if k in d:
             d[k] = _link(d[k], name)
-    if "gemm_flops_measured" in d:
-        d["gemm_flops_measured"] = {dt: {int(n): float(r) for n, r in t.items()}
-                                    for dt, t in d["gemm_flops_measured"].items()}
+    for key in ("gemm_flops_measured", "overheads_measured"):
+        if key in d:
+            d[key] = {dt: {int(n): float(r) for n, r in t.items()} for dt, t in d[key].items()}
     for k in ("memory_bandwidth_measured", "op_overhead_measured"):
         if k in d:
             d[k] = {int(n): float(v) for n, v in d[k].items()}

@@ -98,6 +98,46 @@ def _memory(nel: int, device: torch.device, sync: Sync, T: float, rep: int) -> d
             "add": sync.time(lambda: torch.add(x, y, out=z), T, rep)}
 
 
+def framework_overheads(sync: Sync, T: float, rep: int, n_tensors: int = 16) -> dict:
+    """Seconds of framework overhead on a CPU (see ``HardwareSpec.overheads_measured``):
+    an operator on a DTensor beyond a plain one, and one parameter tensor's share of the
+    trainer's optimizer phase (global gradient norm, clipping, single-tensor AdamW) on plain
+    and on DTensor parameters. DTensors live on a one-rank mesh of a private process group
+    (made and destroyed here, before the collectives' group exists)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+    from ..optim import clip_grads_, global_grad_norm
+    made = not dist.is_initialized()
+    if made:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        one, two = torch.ones(1), torch.ones(1)
+        d_one, d_two = (distribute_tensor(torch.ones(1), mesh, [Replicate()]) for _ in range(2))
+        plain = sync.time(lambda: (torch.add(one, two), one.mul_(1.0)), T, rep)
+        dt = sync.time(lambda: (torch.add(d_one, d_two), d_one.mul_(1.0)), T, rep)
+
+        def opt_time(make: Callable[[torch.Tensor], torch.Tensor]) -> float:
+            params = [torch.nn.Parameter(make(torch.randn(8, 8))) for _ in range(n_tensors)]
+            for p in params:
+                p.grad = make(torch.randn(8, 8)) * 10  # norm > 1: clipping scales
+            opt = torch.optim.AdamW(params, lr=1e-4, foreach=False)
+
+            def phase() -> None:
+                norm = global_grad_norm(params, torch.device("cpu"))
+                clip_grads_(params, 1.0, norm)
+                opt.step()
+            phase()
+            return sync.time(phase, T, rep) / n_tensors
+        return {"dtensor_op": max(0.0, (dt - plain) / 2),
+                "optimizer_tensor": opt_time(lambda t: t),
+                "optimizer_tensor_dtensor": opt_time(lambda t: distribute_tensor(t, mesh, [Replicate()]))}
+    finally:
+        if made:
+            dist.destroy_process_group()
+
+
 def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
                   tick: Callable[[str], None]) -> dict:
     """Matmul, memory, operator-overhead and attention timings on one of ``n`` workers."""
@@ -124,6 +164,7 @@ def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
         out["overhead"] = {"add": sync.time(lambda: torch.add(one, two), T / 2, rep),
                            "view": sync.time(lambda: one.view(-1), T / 2, rep),
                            "add_autograd": sync.time(lambda: torch.add(leaf, two), T / 2, rep)}
+        out["framework"] = framework_overheads(sync, T / 2, rep)
         tick(f"overhead x{n}")
 
     for dt in plan["dtypes"]:

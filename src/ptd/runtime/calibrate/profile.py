@@ -45,6 +45,7 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
     gemm: dict[str, dict[int, dict]] = {}
     memory: dict[int, dict] = {}
     overhead: dict[int, dict] = {}
+    framework: dict[str, dict[int, float]] = {}
     attention: dict[str, dict[int, dict]] = {}
     for n in plan["workers"]:
         per = [r["compute"][str(n)] for r in results if str(n) in r["compute"]]
@@ -73,6 +74,9 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
         if "overhead" in per[0]:
             ov = {k: mean([p["overhead"][k] for p in per]) for k in per[0]["overhead"]}
             overhead[n] = dict(ov, value=mean(list(ov.values())))
+        if "framework" in per[0]:
+            for k in per[0]["framework"]:
+                framework.setdefault(k, {})[n] = mean([p["framework"][k] for p in per])
     collectives = []
     for key in sorted(results[0]["collectives"], key=lambda k: (int(k.split(":")[1]), k)):
         kind, g = key.split(":")[0], int(key.split(":")[1])
@@ -88,7 +92,8 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
         missing.update(r.get("missing", {}))
     primary = plan["dtypes"][0]
     ratios = [a["ratio"] for per_n in attention.get(primary, {}).values() for a in per_n.values()]
-    return {"gemm": gemm, "memory": memory, "overhead": overhead, "attention": attention,
+    return {"gemm": gemm, "memory": memory, "overhead": overhead, "framework": framework,
+            "attention": attention,
             "attention_ratio": median(ratios) if ratios else None,
             "attention_dtype": primary, "collectives": collectives, "missing": missing}
 
@@ -114,6 +119,9 @@ def profile_table(summary: dict, base: HardwareSpec, name: str, device: str,
         ov = summary["overhead"]
         hw["op_overhead_measured"] = {str(n): v["value"] for n, v in ov.items()}
         hw["op_overhead"] = ov[min(ov)]["value"]
+    if summary.get("framework"):
+        hw["overheads_measured"] = {k: {str(n): max(v, 1e-9) for n, v in t.items()}
+                                    for k, t in summary["framework"].items()}
     if summary["attention_ratio"]:
         hw["attention_efficiency"] = min(1.0, summary["attention_ratio"])
     if memory_bytes:

@@ -90,13 +90,18 @@ def tp_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
     return None
 
 
-class ReducePartialGrads:
-    """Sum the tensor-parallel partial gradients left by sequence parallelism.
+class AlignTPGrads:
+    """Give every tensor-parallel gradient its parameter's layout.
 
-    A replicated parameter used on a sequence shard (the norms' weights under ``sp``) gets
-    a ``Partial`` gradient: each tp rank holds its shard's contribution. FSDP reduces these
-    itself; without FSDP the runner calls this after the step's last backward, before
-    the gradients are averaged over dp, measured and clipped."""
+    * A replicated parameter used on a sequence shard (the norms' weights under ``sp``) gets
+      a ``Partial`` gradient: each tp rank holds its shard's contribution; they are summed.
+    * The vocabulary-parallel embedding's weight is ``Shard(0)`` but DTensor's embedding
+      backward returns a ``Replicate`` gradient (the whole table on every tp rank, seen in
+      torch 2.13); keeping only this rank's rows is a local slice, no communication, and
+      halves (at tp 2) what the gradient holds, averages over dp and feeds the optimizer.
+
+    FSDP does both itself; without FSDP the runner calls this after the step's last
+    backward, before the gradients are averaged over dp, measured and clipped."""
 
     def __init__(self, params: list[torch.Tensor]) -> None:
         self.params = [p for p in params if isinstance(p, DTensor)]
@@ -105,5 +110,5 @@ class ReducePartialGrads:
     def __call__(self) -> None:
         for p in self.params:
             g = p.grad
-            if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
+            if isinstance(g, DTensor) and tuple(g.placements) != tuple(p.placements):
                 p.grad = g.redistribute(g.device_mesh, p.placements)

@@ -1,0 +1,1 @@
+"""Benchmarks that run ptd itself (``ptd bench``)."""

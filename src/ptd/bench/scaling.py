@@ -1,0 +1,282 @@
+"""``ptd bench scaling``: the scaling tables of the tutorials, measured on this machine and
+predicted by the cost model beside them, then predicted at cluster scale.
+
+**Measured.** One model and one global batch (strong scaling); each strategy at each worker
+count is one real ``ptd train`` run (the launcher, torchrun, gloo) of a few steps; its
+``summary.json`` gives the measured step time (clean steps), the breakdown of a profiled
+step, model states counted from the tensors and the activation peak -- each with the cost
+model's prediction for the same plan. N = 1 is the same single process for every strategy.
+
+* speedup ``S(N) = T(1) / T(N)`` and efficiency ``S/N``, measured and predicted;
+* Amdahl's parallel fraction ``P`` fitted per strategy over its worker counts
+  (:func:`ptd.cost.metrics.fit_parallel_fraction`), measured and predicted;
+* memory per device by ZeRO stage (and for every strategy): parameters, gradients,
+  optimizer states and activation peak, measured and predicted;
+* the step-time breakdown per strategy at the largest worker count.
+
+**Cluster scale** (``--cluster-*``): the same strategies for a large model on N of a GPU
+preset (8 ... 1024), from the cost model alone (:func:`ptd.cost.estimate.choose` picks the
+micro-batch; tp = 8 and pp = 4 where a strategy uses them).
+
+Strategies: ``ddp`` (dp = N), ``zero1``/``zero2``/``zero3``, ``tp`` (tp = N), ``pp`` (pp = N,
+1F1B, 2N micro-batches), ``3d`` (every dimension that fits: N = 2: dp 2; N = 4: tp 2 x pp 2;
+N = 8: dp 2 x tp 2 x pp 2).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..cost import metrics as M
+from ..errors import PtdError
+from ..fmt import duration, gib, pct, table
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "tp", "pp", "3d")
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int
+    tp: int
+    pp: int
+    zero: int
+
+    @property
+    def n(self) -> int:
+        return self.dp * self.tp * self.pp
+
+
+def layout(strategy: str, n: int) -> Layout:
+    if n == 1:
+        return Layout(1, 1, 1, 0)
+    if strategy == "ddp":
+        return Layout(n, 1, 1, 0)
+    if strategy.startswith("zero"):
+        return Layout(n, 1, 1, int(strategy[-1]))
+    if strategy == "tp":
+        return Layout(1, n, 1, 0)
+    if strategy == "pp":
+        return Layout(1, 1, n, 0)
+    if strategy == "3d":
+        return {2: Layout(2, 1, 1, 0), 4: Layout(1, 2, 2, 0), 8: Layout(2, 2, 2, 0)}.get(
+            n, Layout(n, 1, 1, 0))
+    raise PtdError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+
+
+def train_flags(lay: Layout, global_batch: int) -> list[str]:
+    per_replica = global_batch // lay.dp
+    m = 2 * lay.pp if lay.pp > 1 else 1
+    mb = max(1, per_replica // m)
+    flags = ["--nproc", str(lay.n), "--dp", str(lay.dp), "--tp", str(lay.tp), "--pp", str(lay.pp),
+             "--zero", str(lay.zero), "--micro-batch", str(mb)]
+    if lay.pp > 1:
+        flags += ["--schedule", "1f1b"]
+    return flags
+
+
+def run_one(out: Path, common: list[str], flags: list[str], timeout: float) -> dict[str, Any]:
+    """One ``ptd train`` run; its summary (with ``error`` if it failed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "ptd", "train", *common, *flags, "--out", str(out)]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    wall = time.perf_counter() - t0
+    (out / "bench.log").write_text(r.stdout + "\n" + r.stderr)
+    if r.returncode != 0 or not (out / "summary.json").is_file():
+        tail = (r.stderr.strip().splitlines() or ["?"])[-1]
+        return {"error": tail, "wall_s": wall}
+    s = json.loads((out / "summary.json").read_text())
+    s["wall_s"] = wall
+    return s
+
+
+def _speedups(t: dict[int, float]) -> dict[int, float]:
+    t1 = t.get(1)
+    return {n: (t1 / v if t1 and v else float("nan")) for n, v in t.items()}
+
+
+def _fit_p(s: dict[int, float]) -> float:
+    ns = [n for n in sorted(s) if n > 1 and math.isfinite(s[n])]
+    return M.fit_parallel_fraction(ns, [s[n] for n in ns]) if ns else float("nan")
+
+
+def measure(args: Any, out: Path, log: Any = print) -> dict[str, Any]:
+    """Every (strategy, N) run; returns the raw rows."""
+    common = ["--model", args.model, "--seq-len", str(args.seq_len), "--global-batch",
+              str(args.global_batch), "--steps", str(args.steps), "--warmup", "1",
+              "--profile-steps", "1", "--memory-step", "2", "--timeout", "120"]
+    if args.hardware:
+        common += ["--hardware", args.hardware]
+    rows: list[dict[str, Any]] = []
+    done: dict[tuple, dict] = {}
+    for n in args.workers:
+        for strat in args.strategies:
+            lay = layout(strat, n)
+            key = (lay.dp, lay.tp, lay.pp, lay.zero)
+            if key not in done:
+                name = f"n{n}-dp{lay.dp}-tp{lay.tp}-pp{lay.pp}-z{lay.zero}"
+                t0 = time.perf_counter()
+                done[key] = run_one(out / "runs" / name, common, train_flags(lay, args.global_batch),
+                                    args.run_timeout)
+                s = done[key]
+                msg = s.get("error") or f"{s['measured']['step_time_s'] * 1e3:.0f} ms/step"
+                log(f"ptd bench: {name}: {msg} ({time.perf_counter() - t0:.0f} s)")
+            rows.append({"strategy": strat, "n": n, "layout": key, "summary": done[key]})
+    return {"rows": rows}
+
+
+def tables(data: dict[str, Any], strategies: Iterable[str], workers: list[int]) -> dict[str, Any]:
+    """Speedup/efficiency/Amdahl and memory tables from the raw rows."""
+    res: dict[str, Any] = {"speedup": [], "amdahl": [], "memory": [], "breakdown": []}
+    by = {(r["strategy"], r["n"]): r["summary"] for r in data["rows"]}
+    for strat in strategies:
+        tm, tp_ = {}, {}
+        for n in workers:
+            s = by.get((strat, n))
+            if not s or "error" in s:
+                continue
+            tm[n] = s["measured"]["step_time_s"]
+            tp_[n] = s["predicted"]["step_time_s"]
+        sm, sp = _speedups(tm), _speedups(tp_)
+        for n in sorted(tm):
+            s = by[(strat, n)]
+            mem_m, mem_p = s["measured"].get("memory", {}), s["predicted"].get("memory", {})
+            res["speedup"].append({
+                "strategy": strat, "n": n, "plan": s.get("plan_desc", ""),
+                "step_s": tm[n], "step_s_pred": tp_[n],
+                "speedup": sm[n], "speedup_pred": sp[n],
+                "efficiency": sm[n] / n, "efficiency_pred": sp[n] / n,
+                "tokens_per_s": s["measured"]["tokens_per_s"],
+                "tokens_per_s_pred": s["predicted"]["tokens_per_s"],
+                "mfu": s["measured"]["mfu"], "mfu_pred": s["predicted"]["mfu"]})
+            res["memory"].append({
+                "strategy": strat, "n": n, "plan": s.get("plan_desc", ""),
+                **{f"{k}": mem_m.get(k) for k in ("params", "grads", "optimizer", "activations")},
+                **{f"{k}_pred": mem_p.get(k) for k in ("params", "grads", "optimizer", "activations")},
+                "states_exact": mem_m.get("model_states_equal_per_rank")})
+            bm = s["measured"].get("breakdown")
+            if bm:
+                res["breakdown"].append({"strategy": strat, "n": n, "measured": bm,
+                                         "predicted": s["predicted"]["breakdown"],
+                                         "step_s": s["measured"].get("profiled_step_time_s")})
+        res["amdahl"].append({"strategy": strat, "P": _fit_p(sm), "P_pred": _fit_p(sp)})
+    return res
+
+
+# ------------------------------------------------------------------ cluster
+def cluster_tables(model_name: str, hw_name: str, sizes: list[int], seq_len: int,
+                   global_batch: int, strategies: Iterable[str]) -> dict[str, Any]:
+    """Predicted scaling at cluster scale (cost model only)."""
+    from ..cost.estimate import choose
+    from ..specs import ClusterSpec, ParallelPlan, load_hardware, load_model
+    model, hw = load_model(model_name), load_hardware(hw_name)
+    rows, mem = [], []
+    base_t: dict[str, float] = {}
+    for strat in strategies:
+        for n in sizes:
+            if strat == "ddp":
+                lay = Layout(n, 1, 1, 0)
+            elif strat.startswith("zero"):
+                lay = Layout(n, 1, 1, int(strat[-1]))
+            elif strat == "tp":
+                lay = Layout(n // 8, 8, 1, 1)
+            elif strat == "pp":
+                lay = Layout(n // 4, 1, 4, 1)
+            else:  # 3d
+                lay = Layout(max(1, n // 32), 8, 4, 1) if n >= 32 else Layout(1, 8, 1, 1)
+            if lay.n != n or global_batch % lay.dp:
+                continue
+            plan = ParallelPlan(dp=lay.dp, tp=lay.tp, pp=lay.pp, zero=lay.zero,
+                                global_batch=global_batch, seq_len=seq_len, dtype="bf16",
+                                sp=lay.tp > 1, recompute="full")
+            try:
+                e = choose(model, ClusterSpec(hw, n), plan, ["micro_batch"])
+            except PtdError:
+                continue
+            t = e.step.total
+            base_t.setdefault(strat, t * n)  # work at the smallest size, in device-seconds
+            s = base_t[strat] / t  # speedup over one device's share at the smallest size
+            rows.append({"strategy": strat, "n": n, "plan": e.plan.describe(), "step_s": t,
+                         "speedup": s, "efficiency": s / n, "mfu": e.mfu,
+                         "tokens_per_s": e.tokens_per_s, "fits": e.memory.fits})
+            mem.append({"strategy": strat, "n": n, "params": e.memory.params,
+                        "grads": e.memory.grads, "optimizer": e.memory.optimizer,
+                        "activations": e.memory.activations, "total": e.memory.total,
+                        "fits": e.memory.fits})
+    amdahl = []
+    for strat in strategies:
+        pts = [(r["n"], r["speedup"]) for r in rows if r["strategy"] == strat]
+        if len(pts) >= 2:
+            n0 = pts[0][0]
+            # relative to the smallest size: S'(k) = S(n)/S(n0) over k = n/n0 units
+            ks = [n / n0 for n, _ in pts]
+            ss = [s / pts[0][1] for _, s in pts]
+            amdahl.append({"strategy": strat, "P": M.fit_parallel_fraction(ks, ss)})
+    return {"model": model_name, "hardware": hw_name, "seq_len": seq_len,
+            "global_batch": global_batch, "speedup": rows, "memory": mem, "amdahl": amdahl}
+
+
+# ------------------------------------------------------------------ output
+def render(res: dict[str, Any], cl: dict[str, Any] | None) -> str:
+    def f2(x: Any) -> str:
+        return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.2f}"
+    lines = ["speedup and efficiency (strong scaling, fixed global batch), measured | predicted"]
+    rows = [(r["strategy"], r["n"], r["plan"], duration(r["step_s"]), duration(r["step_s_pred"]),
+             f2(r["speedup"]), f2(r["speedup_pred"]), pct(r["efficiency"]), pct(r["efficiency_pred"]),
+             pct(r["mfu"]), pct(r["mfu_pred"]))
+            for r in res["speedup"]]
+    lines.append(table(rows, header=("strategy", "N", "plan", "step", "pred", "speedup", "pred",
+                                     "efficiency", "pred", "MFU", "pred"), align="lrlrrrrrrrr"))
+    lines += ["", "Amdahl's parallel fraction P (fitted over N), measured | predicted"]
+    lines.append(table([(a["strategy"], f2(a["P"]), f2(a["P_pred"])) for a in res["amdahl"]],
+                       header=("strategy", "P", "pred"), align="lrr"))
+    lines += ["", "memory per device (max rank), measured | predicted"]
+    mrows = []
+    for r in res["memory"]:
+        mrows.append((r["strategy"], r["n"], *(f"{gib(r[k] or 0)} | {gib(r[k + '_pred'] or 0)}"
+                                              for k in ("params", "grads", "optimizer", "activations")),
+                      "yes" if r["states_exact"] else "NO"))
+    lines.append(table(mrows, header=("strategy", "N", "params", "grads", "optimizer", "activations",
+                                      "states exact"), align="lrrrrrl"))
+    if cl:
+        lines += ["", f"predicted at cluster scale: {cl['model']} on {cl['hardware']}, "
+                  f"global batch {cl['global_batch']} x {cl['seq_len']}, bf16, full recompute"]
+        lines.append(table([(r["strategy"], r["n"], r["plan"], duration(r["step_s"]), f2(r["speedup"]),
+                             pct(r["efficiency"]), pct(r["mfu"]), "yes" if r["fits"] else "NO")
+                            for r in cl["speedup"]],
+                           header=("strategy", "N", "plan", "step", "speedup", "efficiency", "MFU",
+                                   "fits"), align="lrlrrrrl"))
+        lines.append("(speedup: over the smallest size, counted as that many devices' worth of "
+                     "perfectly shared work)")
+        lines += ["", f"memory per device at cluster scale (predicted): {cl['model']}, "
+                      "by data-parallel flavour"]
+        lines.append(table([(r["strategy"], r["n"], gib(r["params"]), gib(r["grads"]), gib(r["optimizer"]),
+                             gib(r["activations"]), gib(r["total"])) for r in cl["memory"]
+                            if r["strategy"].startswith(("ddp", "zero"))],
+                           header=("strategy", "N", "params", "grads", "optimizer", "activations",
+                                   "total"), align="lrrrrrr"))
+        lines.append("")
+        lines.append(table([(a["strategy"], f2(a["P"])) for a in cl["amdahl"]],
+                           header=("strategy", "Amdahl P (cluster, predicted)"), align="lr"))
+    return "\n".join(lines)
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    keys = list(rows[0])
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()})

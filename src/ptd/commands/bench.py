@@ -1,0 +1,139 @@
+"""ptd bench scaling: scaling tables measured on this machine, beside the cost model's
+prediction, then predicted at cluster scale.
+
+For one model and one global batch, each strategy (DDP, ZeRO-1/2/3, TP, PP and a 3-D mix)
+runs at each worker count (1, 2, 4) as a short real `ptd train`; the tables are speedup and
+efficiency per strategy and worker count, Amdahl's parallel fraction P fitted per strategy,
+memory per device per ZeRO stage and the step-time breakdown -- each measured beside the
+prediction. Then the same tables predicted for --cluster-model on N = 8 ... 1024 of
+--cluster-hardware. Writes scaling.json, CSV files and PNG plots to --out.
+
+  ptd bench scaling                     # ~10 min on a 2-core CPU
+  ptd bench scaling --quick             # reduced grid (1 and 2 workers, 4 strategies), ~2 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from ..cli import positive_int
+from ..errors import PtdError
+
+HELP = "scaling benchmarks: speedup, efficiency, Amdahl, memory per ZeRO stage (measured and predicted)"
+
+
+def _ints(s: str) -> list[int]:
+    try:
+        v = sorted({int(x) for x in s.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 1,2,4, got {s!r}") from None
+    if not v or v[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {s!r}")
+    return v
+
+
+def _strategies(s: str) -> list[str]:
+    from ..bench.scaling import STRATEGIES
+    v = [x.strip() for x in s.split(",") if x.strip()]
+    bad = [x for x in v if x not in STRATEGIES]
+    if bad or not v:
+        raise argparse.ArgumentTypeError(f"strategies are {', '.join(STRATEGIES)}; got {s!r}")
+    return v
+
+
+def add(p: argparse.ArgumentParser) -> None:
+    p.add_argument("what", choices=["scaling"], help="which benchmark")
+    p.add_argument("--model", default="small", help="model to run here (small)")
+    p.add_argument("--seq-len", type=positive_int, default=128)
+    p.add_argument("--global-batch", type=positive_int, default=16)
+    p.add_argument("--steps", type=positive_int, default=7,
+                   help="steps per run: warm-up, memory step, profiled step, clean steps (7)")
+    p.add_argument("--workers", type=_ints, default=None, help="worker counts (1,2,4)")
+    p.add_argument("--strategies", type=_strategies, default=None,
+                   help="ddp,zero1,zero2,zero3,tp,pp,3d (all)")
+    p.add_argument("--hardware", help="profile for the predictions (default: as ptd train)")
+    p.add_argument("--quick", action="store_true",
+                   help="reduced grid: workers 1,2; ddp, zero3, tp, pp; tiny model; 5 steps")
+    p.add_argument("--cluster-model", default="llama3-8b")
+    p.add_argument("--cluster-hardware", default="h100-sxm")
+    p.add_argument("--cluster-gpus", type=_ints, default=[8, 16, 32, 64, 128, 256, 512, 1024])
+    p.add_argument("--cluster-seq-len", type=positive_int, default=4096)
+    p.add_argument("--cluster-global-batch", type=positive_int, default=1024)
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--run-timeout", type=float, default=240.0, help="seconds per run (240)")
+    p.add_argument("--out", default="runs/bench", help="output folder (runs/bench)")
+
+
+def run(a: argparse.Namespace) -> int:
+    from ..bench import scaling as S
+    if a.quick:
+        a.workers = a.workers or [1, 2]
+        a.strategies = a.strategies or ["ddp", "zero3", "tp", "pp"]
+        if a.model == "small":
+            a.model = "tiny"
+        a.steps = min(a.steps, 5)
+        a.cluster_gpus = [8, 64, 512]
+    a.workers = a.workers or [1, 2, 4]
+    a.strategies = a.strategies or list(S.STRATEGIES)
+    if 1 not in a.workers:
+        raise PtdError("--workers must include 1 (the baseline of the speedups)")
+    from ..specs import load_model
+    load_model(a.model)  # validate before anything runs
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    data = S.measure(a, out)
+    res = S.tables(data, a.strategies, a.workers)
+    cl = S.cluster_tables(a.cluster_model, a.cluster_hardware, a.cluster_gpus, a.cluster_seq_len,
+                          a.cluster_global_batch, a.strategies)
+    elapsed = time.perf_counter() - t0
+    meta = {"model": a.model, "seq_len": a.seq_len, "global_batch": a.global_batch,
+            "steps": a.steps, "workers": a.workers, "strategies": a.strategies,
+            "seconds": elapsed}
+    slim_rows = [{k: v for k, v in r.items() if k != "summary"} |
+                 {"summary": {k: r["summary"].get(k) for k in ("measured", "predicted", "ratio",
+                                                               "plan_desc", "error", "wall_s")}}
+                 for r in data["rows"]]
+    (out / "scaling.json").write_text(json.dumps({"meta": meta, "measured": res, "cluster": cl,
+                                                  "runs": slim_rows}, indent=1, default=str) + "\n")
+    S.write_csv(out / "speedup.csv", res["speedup"])
+    S.write_csv(out / "memory.csv", res["memory"])
+    S.write_csv(out / "amdahl.csv", res["amdahl"])
+    S.write_csv(out / "cluster_speedup.csv", cl["speedup"])
+    S.write_csv(out / "cluster_memory.csv", cl["memory"])
+    print(S.render(res, cl))
+    if not a.no_plots:
+        _plots(S, res, cl, data, out, a)
+    print(f"\nptd bench: {len(data['rows'])} rows in {elapsed:.0f} s; wrote {out}/scaling.json, "
+          f"*.csv{'' if a.no_plots else ', *.png'}")
+    return 0
+
+
+def _plots(S, res, cl, data, out: Path, a: argparse.Namespace) -> None:  # type: ignore[no-untyped-def]
+    from ..bench import plots as P
+    P.speedup_plot(res["speedup"], res["amdahl"], out / "speedup.png",
+                   f"{a.model}, global batch {a.global_batch} x {a.seq_len}: speedup on this machine")
+    nmax = max(a.workers)
+    zero = [r for r in res["memory"] if r["n"] == nmax and r["strategy"] in ("ddp", "zero1", "zero2", "zero3")]
+    P.memory_plot(zero or res["memory"], out / "memory.png",
+                  f"memory per device at N={nmax} by ZeRO stage (measured | predicted)")
+    P.breakdown_plot([r for r in res["breakdown"] if r["n"] == nmax], out / "breakdown.png",
+                     f"step-time breakdown at N={nmax} (measured | predicted)")
+    pp = [r for r in data["rows"] if r["strategy"] == "pp" and r["n"] == nmax]
+    if pp and "per_rank" not in pp[0]["summary"]:
+        pass
+    if pp:
+        run_dir = out / "runs" / "n{}-dp{}-tp{}-pp{}-z{}".format(nmax, *pp[0]["layout"])
+        summ = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+        if summ.get("per_rank"):
+            P.timeline_plot(summ["per_rank"], out / "pipeline_timeline.png",
+                            f"pipeline pp={nmax} (1F1B), one profiled step: gaps are the bubble")
+    P.speedup_plot(cl["speedup"], cl["amdahl"], out / "cluster_speedup.png",
+                   f"{cl['model']} on {cl['hardware']} (predicted): speedup vs ideal", predicted=False)
+    P.cluster_memory_plot([r for r in cl["memory"] if r["strategy"] in ("ddp", "zero1", "zero2", "zero3")
+                           and r["n"] == min(x["n"] for x in cl["memory"])],
+                          out / "cluster_memory.png",
+                          f"{cl['model']} per device by ZeRO stage (predicted)")

@@ -1,0 +1,328 @@
+"""The measuring half, attached to a running :class:`~ptd.runtime.trainer.Trainer`.
+
+:meth:`Probe.attach` wraps the trainer's phase calls (and the runner's, the pipeline
+stages', the blocks') in ``record_function`` spans and wall-clock timers -- instance
+attributes over the bound methods, so the training code itself is unchanged and the
+overhead outside the profiled window is one ``perf_counter`` pair per phase (and a no-op
+``record_function`` per block).
+
+Which steps do what (``measure.*`` of the config; defaults for a long run):
+
+* step 1: warm-up (lazy allocations, first-touch page faults): timed, not used;
+* ``memory_step`` (2): model states counted from the tensors, activation peak tracked
+  (:mod:`.memory`) -- the dispatch mode slows this step, so its time is not used either;
+* ``profile_steps`` steps after it (3): ``torch.profiler`` records every op and collective
+  of each rank; :mod:`.timeline` breaks each step down; their mean is the measured
+  breakdown;
+* every step: wall-clock time per phase (data, forward+backward, loss, optimizer) in
+  ``metrics.jsonl`` (``t_data_s``, ``t_fwd_bwd_s``, ``t_loss_s``, ``t_optimizer_s``).
+
+The measured step time and throughput are the mean over the steps that were neither the
+first, nor the memory step, nor profiled ("clean" steps; all steps after the first when a
+run is too short to have any).
+
+At the end :meth:`Probe.finish` (a collective: every rank calls it) gathers every rank's
+measurements on rank 0, which compares them with the cost model (:mod:`.compare`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import time
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.autograd.profiler import record_function
+
+from .memory import ActivationTracker, grads_of, model_state_bytes
+from .timeline import Span, analyse_step, mean_breakdown
+
+
+def _wrap(obj: Any, name: str, span: str, timer: dict[str, float] | None = None,
+          key: str | None = None) -> None:
+    """Replace ``obj.name`` (a bound method or callable attribute) by a version inside a
+    ``record_function(span)`` that adds its wall time to ``timer[key]``."""
+    fn = getattr(obj, name, None)
+    if fn is None or getattr(fn, "_ptd_probe", False):
+        return
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        with record_function(span):
+            out = fn(*args, **kwargs)
+        if timer is not None and key is not None:
+            timer[key] = timer.get(key, 0.0) + time.perf_counter() - t0
+        return out
+
+    wrapped._ptd_probe = True  # type: ignore[attr-defined]
+    setattr(obj, name, wrapped)
+
+
+def _modules_of(trainer: Any) -> list[torch.nn.Module]:
+    runner = trainer.runner
+    mods = [trainer.model]
+    mods += list(getattr(runner, "modules", []))
+    return mods
+
+
+def _pipeline_stages(schedule: Any) -> list[Any]:
+    if hasattr(schedule, "_stages"):
+        return list(schedule._stages)
+    return [schedule._stage] if hasattr(schedule, "_stage") else []
+
+
+def events_to_spans(events: Any) -> list[Span]:
+    """``torch.profiler`` ``FunctionEvent`` list -> :class:`Span` list (depth, and whether
+    an ancestor is a communication op)."""
+    from .timeline import comm_kind
+    out = []
+    for e in events:
+        depth, comm_anc, p = 0, False, e.cpu_parent
+        while p is not None:
+            depth += 1
+            if comm_kind(p.name) is not None:
+                comm_anc = True
+            p = p.cpu_parent
+        out.append(Span(e.name, int(e.thread), float(e.time_range.start), float(e.time_range.end),
+                        depth, comm_anc))
+    return out
+
+
+_TIMELINE_SPANS = {"ptd:forward": "F", "ptd:backward": "B", "ptd:backward_w": "W",
+                   "ptd:optimizer": "opt", "ptd:grad_sync": "sync", "ptd:loss": "loss",
+                   "ptd:data": "data"}
+
+
+def step_timeline(spans: list[Span], main: int, step: Span) -> list[tuple[str, float, float]]:
+    """The phases of one step on the main thread and the collectives on the others, in
+    milliseconds from the step's start (for the pipeline timeline plot)."""
+    from .timeline import comm_kind
+    out = []
+    for sp in spans:
+        if sp.end <= step.start or sp.start >= step.end:
+            continue
+        if sp.thread == main and sp.name in _TIMELINE_SPANS and sp.depth <= 3:
+            label = _TIMELINE_SPANS[sp.name]
+        elif sp.thread != main and sp.name.startswith(("gloo:", "nccl:")):
+            label = "comm:" + (comm_kind(sp.name) or "other")
+        else:
+            continue
+        out.append((label, round((sp.start - step.start) / 1e3, 3), round((sp.end - step.start) / 1e3, 3)))
+    out.append(("step", 0.0, round((step.end - step.start) / 1e3, 3)))
+    return out
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 for a moment: Kineto (torch 2.13) writes a ``USDT: ...
+    profiler_start`` / ``profiler_stop`` line from C++ at each start and stop, on every rank,
+    with no switch to turn it off."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class Probe:
+    def __init__(self, trainer: Any, cfg: Any, dims: Any, *, memory_step: int = 2,
+                 profile_steps: int = 3) -> None:
+        self.trainer = trainer
+        self.cfg = cfg
+        self.dims = dims
+        steps = cfg.steps
+        # Counted from the step this run starts at (a resumed run starts past 0); its first
+        # step is warm-up either way.
+        base = int(getattr(trainer, "step", 0))
+        self.first_step = base + 1
+        self.memory_step = min(base + memory_step, steps) if memory_step > 0 else 0
+        first_prof = max(self.memory_step, base + 1) + 1
+        self.profile_range = range(first_prof, min(steps, first_prof + profile_steps - 1) + 1) \
+            if profile_steps > 0 else range(0)
+        self.timer: dict[str, float] = {}
+        self.step_times: dict[int, float] = {}
+        self.memory: dict[str, Any] = {}
+        self.breakdowns: list = []
+        self._prof: Any = None
+        self._tracker: ActivationTracker | None = None
+        self.profile_overhead: dict[str, float] = {}
+        self.timeline: list[tuple[str, float, float]] = []
+
+    # ------------------------------------------------------------ attach
+    @classmethod
+    def attach(cls, trainer: Any, cfg: Any, dims: Any, **kw: Any) -> "Probe":
+        p = cls(trainer, cfg, dims, **kw)
+        t = p.timer
+        _wrap(trainer, "next_batch", "ptd:data", t, "data")
+        _wrap(trainer, "global_loss", "ptd:loss", t, "loss")
+        _wrap(trainer, "clip_gradients", "ptd:optimizer", t, "optimizer")
+        _wrap(trainer, "optimizer_step", "ptd:optimizer", t, "optimizer")
+        runner = trainer.runner
+        p._wrap_fwd_bwd(runner)
+        if hasattr(runner, "schedule"):
+            sched = runner.schedule
+            _wrap(sched, "step", "ptd:schedule")
+            _wrap(sched, "_maybe_compute_loss", "ptd:forward")
+            for st in _pipeline_stages(sched):
+                _wrap(st, "forward_one_chunk", "ptd:forward")
+                _wrap(st, "backward_one_chunk", "ptd:backward")
+                _wrap(st, "backward_weight_one_chunk", "ptd:backward_w")
+        else:
+            _wrap(runner, "forward", "ptd:forward")
+            _wrap(runner, "backward", "ptd:backward")
+        if getattr(runner, "grad_sync", None) is not None:
+            _wrap(runner, "grad_sync", "ptd:grad_sync")
+        if not cfg.compile:
+            from ..model import Block
+            from ..layers import Attention
+            for m in _modules_of(trainer):
+                for sub in m.modules():
+                    if isinstance(sub, Block):
+                        _wrap(sub, "_forward", "ptd:block")
+                    elif isinstance(sub, Attention):
+                        _wrap(sub, "_core", "ptd:block")
+        inner = trainer.train_step
+        p._inner_step = inner
+        trainer.train_step = p._train_step
+        return p
+
+    def _wrap_fwd_bwd(self, runner: Any) -> None:
+        fb = runner.forward_backward
+        probe = self
+
+        @functools.wraps(fb)
+        def forward_backward(micro: Any) -> Any:
+            t0 = time.perf_counter()
+            tracker = probe._tracker
+            if tracker is None:
+                out = fb(micro)
+            else:
+                cuda = probe.dims.device.type == "cuda"
+                if cuda:
+                    torch.cuda.synchronize()
+                    base = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
+                with tracker:
+                    out = fb(micro)
+                mods = _modules_of(probe.trainer)
+                grads = tracker.uids_of(grads_of(mods))
+                probe.memory["activations"] = tracker.peak_excluding(grads)
+                probe.memory["activations_with_grads"] = tracker.peak
+                if cuda:
+                    torch.cuda.synchronize()
+                    probe.memory["allocator_peak_above_start"] = torch.cuda.max_memory_allocated() - base
+                probe.memory["model_states"] = model_state_bytes(mods, probe.trainer.optimizer)
+            probe.timer["fwd_bwd"] = probe.timer.get("fwd_bwd", 0.0) + time.perf_counter() - t0
+            return out
+
+        forward_backward._ptd_probe = True  # type: ignore[attr-defined]
+        runner.forward_backward = forward_backward
+
+    # ------------------------------------------------------------ per step
+    def _train_step(self, step: int) -> dict[str, Any]:
+        self.timer.clear()
+        if step == self.memory_step:
+            self._tracker = ActivationTracker()
+        if step in self.profile_range and self._prof is None:
+            self._start_profiler()
+        t0 = time.perf_counter()
+        with record_function("ptd:step"):
+            rec = self._inner_step(step)
+        dt = time.perf_counter() - t0
+        self._tracker = None
+        if step == self.memory_step and "model_states" not in self.memory:
+            mods = _modules_of(self.trainer)
+            self.memory["model_states"] = model_state_bytes(mods, self.trainer.optimizer)
+        self.step_times[step] = dt
+        if self._prof is not None and step == self.profile_range[-1]:
+            self._stop_profiler()
+        for k in ("data", "fwd_bwd", "loss", "optimizer"):
+            rec[f"t_{k}_s"] = self.timer.get(k, 0.0)
+        if step in self.profile_range:
+            rec["profiled"] = True
+        if step == self.memory_step:
+            rec["memory_tracked"] = True
+        return rec
+
+    def _start_profiler(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU]
+        if self.dims.device.type == "cuda":
+            acts.append(ProfilerActivity.CUDA)
+        self._prof = profile(activities=acts, record_shapes=False, with_stack=False)
+        with _quiet_stderr():
+            self._prof.__enter__()
+
+    def _stop_profiler(self) -> None:
+        t0 = time.perf_counter()
+        with _quiet_stderr():
+            self._prof.__exit__(None, None, None)
+        events = self._prof.events()
+        spans = events_to_spans(events)
+        steps = sorted((s for s in spans if s.name == "ptd:step"), key=lambda s: s.start)
+        main = steps[0].thread if steps else 0
+        self.breakdowns = [analyse_step(spans, main, (s.start, s.end)) for s in steps]
+        if steps:
+            self.timeline = step_timeline(spans, main, steps[-1])
+        if os.environ.get("PTD_PROBE_DUMP"):
+            from .timeline import comm_kind
+            from collections import Counter
+            names = Counter((sp.thread == main, sp.name) for sp in spans if sp.depth <= 2)
+            path = os.path.join(self.cfg.out, f"probe_rank{self.dims.rank}.txt")
+            with open(path.replace(".txt", ".spans"), "w") as f:
+                st = steps[-1]
+                for sp in spans:
+                    if sp.start >= st.start and sp.end <= st.end and (
+                            comm_kind(sp.name) or sp.name.startswith(("ptd:", "PP:"))):
+                        f.write(f"{sp.thread == main}\t{sp.depth}\t{(sp.start - st.start) / 1e3:.3f}"
+                                f"\t{(sp.end - st.start) / 1e3:.3f}\t{sp.name}\n")
+            with open(path, "w") as f:
+                for (is_main, name), c in sorted(names.items(), key=lambda kv: -kv[1]):
+                    f.write(f"{'main' if is_main else 'other'}\t{c}\t{name}\n")
+        self.profile_overhead["analysis_s"] = time.perf_counter() - t0
+        self.profile_overhead["events"] = len(spans)
+        self._prof = None
+
+    # ------------------------------------------------------------ results
+    def clean_steps(self) -> list[int]:
+        special = {self.first_step, self.memory_step, *self.profile_range}
+        clean = [s for s in sorted(self.step_times) if s not in special]
+        return (clean or [s for s in sorted(self.step_times) if s != self.first_step]
+                or sorted(self.step_times))
+
+    def local_result(self) -> dict[str, Any]:
+        b = mean_breakdown(self.breakdowns) if self.breakdowns else None
+        return {
+            "rank": self.dims.rank,
+            "coords": dict(self.dims.coords),
+            "step_times": self.step_times,
+            "breakdown": None if b is None else {
+                "step": b.step, "parts": b.parts, "comm_total": b.comm_total,
+                "comm_exposed_by_phase": b.comm_exposed_by_phase},
+            "memory": self.memory,
+            "profile_overhead": self.profile_overhead,
+            "timeline": self.timeline,
+        }
+
+    def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """Gather every rank's results on rank 0 and compare with the cost model; returns
+        the keys to add to ``summary.json`` (empty on other ranks). A collective."""
+        import torch.distributed as dist
+        mine = self.local_result()
+        ranks: list[Any] = [None] * self.dims.world_size
+        if dist.is_initialized() and self.dims.world_size > 1:
+            dist.all_gather_object(ranks, mine)
+        else:
+            ranks = [mine]
+        if not self.dims.is_main:
+            return {}
+        from .compare import build_report
+        return build_report(self.cfg, ranks, self.clean_steps(), summary)

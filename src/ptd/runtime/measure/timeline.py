@@ -1,0 +1,258 @@
+"""Turn one rank's profiler events of one optimizer step into a step-time breakdown.
+
+Pure Python (no torch): the input is a list of :class:`Span` -- name, thread, start and end
+in microseconds -- taken from ``torch.profiler`` events (:mod:`ptd.runtime.measure.probe`
+converts them), so the arithmetic is testable on hand-made timelines.
+
+**What is on the timeline.** The trainer's phases are ``record_function`` spans on the main
+thread, opened by :mod:`ptd.runtime.measure.probe` around the real calls:
+
+=====================  ================================================================
+span                   what
+=====================  ================================================================
+``ptd:step``           one optimizer step (the interval that is broken down)
+``ptd:data``           the data loader (data wait)
+``ptd:forward``        a micro-batch's forward (a pipeline stage's ``forward_one_chunk``)
+``ptd:backward``       its backward (``backward_one_chunk``: input and weight gradients)
+``ptd:backward_w``     zero-bubble weight-gradient pass (``backward_weight_one_chunk``)
+``ptd:block``          one transformer block's forward; inside a backward span it is the
+                       activation checkpoint's **recompute**
+``ptd:grad_sync``      the runner's explicit data-parallel gradient average (tp/pp layouts)
+``ptd:schedule``       a pipeline schedule's whole ``step`` (what is not F/B/W in it is
+                       waiting for the neighbours or moving activations)
+``ptd:loss``           the all-reduce of the step's loss (bookkeeping the cost model lacks)
+``ptd:optimizer``      gradient-norm, clipping, the optimizer step (ZeRO-1 broadcast inside)
+=====================  ================================================================
+
+Communication is the work of the collectives themselves: gloo runs them on its own worker
+threads (``gloo:all_reduce``, ``gloo:broadcast``, ``gloo:send``, ...; NCCL kernels would
+be ``nccl:*``), and the main thread records their launches and waits (``c10d::allreduce_``,
+``_c10d_functional::all_gather_into_tensor``, ``wait_tensor`` ...). DDP launches its
+bucket all-reduces from the backward and they run on the gloo thread while the backward
+goes on; DTensor tensor-parallel collectives are waited for at once (exposed).
+
+**The partition.** Every instant of the step goes to exactly one part, so the parts add up
+to the step time by construction (``other`` is what lies between phase spans):
+
+1. the main thread runs a communication op (launch or wait): **exposed communication** of
+   that op's kind;
+2. else it runs a compute op (any other op): the innermost phase (recompute > backward
+   weight > backward > forward > grad sync > loss > optimizer > data);
+3. else (no op on the main thread: Python, dispatch, or blocked) while a collective is in
+   flight: **exposed communication** of the kinds in flight (shared equally) -- except,
+   inside a pipeline schedule, point-to-point transfers alone: on gloo a send or receive
+   lasts until the peer posts its side, so this is the stage waiting for its neighbour:
+   **bubble** (the pipeline's exposed transfer time is then only what the main thread spends
+   in the send/receive calls themselves);
+4. else, inside a pipeline schedule but outside its F/B/W actions: **bubble**;
+5. else: the innermost phase (its Python overhead), or ``other`` outside every phase.
+
+**Total** communication per kind is the busy time of the communication threads (the union
+of their spans of that kind), hidden or not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+# Innermost first: the part an instant goes to when several phase spans cover it.
+PHASES = ("recompute", "backward_w", "backward", "forward", "grad_sync", "loss", "optimizer",
+          "data", "schedule")
+PHASE_SPANS = {"ptd:forward": "forward", "ptd:backward": "backward",
+               "ptd:backward_w": "backward_w", "ptd:grad_sync": "grad_sync",
+               "ptd:schedule": "schedule", "ptd:loss": "loss", "ptd:optimizer": "optimizer",
+               "ptd:data": "data"}
+MARKERS = ("ptd:", "PP:", "Forward ", "Backward ", "ProfilerStep", "## ")
+"""Span names that mark regions rather than run work (ours, torch.distributed.pipelining's,
+the profiler's own)."""
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send", "recv",
+         "barrier", "wait")
+
+
+@dataclass(frozen=True)
+class Span:
+    name: str
+    thread: int
+    start: float
+    """Microseconds."""
+    end: float
+    depth: int = 0
+    """Nesting depth on its thread (0: top level)."""
+    comm_ancestor: bool = False
+    """Nested inside a communication op (its work belongs to that op)."""
+
+
+def comm_kind(name: str) -> str | None:
+    """The collective kind of a communication span, or None for anything else."""
+    n = name.lower()
+    if not (n.startswith(("gloo:", "nccl:", "c10d::", "_c10d_functional", "c10d_functional",
+                          "record_param_comms", "mpi:"))
+            or "wait_tensor" in n):
+        return None
+    if "wait_tensor" in n or n.endswith("::wait"):
+        return "wait"
+    for key, kind in (("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
+                      ("reduce_scatter", "reduce_scatter"), ("reducescatter", "reduce_scatter"),
+                      ("allgather", "all_gather"), ("all_gather", "all_gather"),
+                      ("alltoall", "all_to_all"), ("all_to_all", "all_to_all"),
+                      ("broadcast", "broadcast"), ("barrier", "barrier"),
+                      ("recv", "recv"), ("send", "send")):
+        if key in n:
+            return kind
+    return "wait" if n.startswith(("c10d::", "_c10d_functional")) else None
+
+
+def is_marker(name: str) -> bool:
+    return name.startswith(MARKERS)
+
+
+@dataclass
+class StepBreakdown:
+    """Seconds of one optimizer step on one rank, by part; ``parts`` sum to ``step``."""
+
+    step: float
+    parts: dict[str, float] = field(default_factory=dict)
+    """data, forward, backward, backward_w, recompute, grad_sync, loss, optimizer, schedule,
+    bubble, other, and ``comm:KIND`` for each exposed collective kind."""
+    comm_total: dict[str, float] = field(default_factory=dict)
+    """Busy time of the communication threads per kind (hidden or not)."""
+    comm_exposed_by_phase: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Exposed communication per phase it happened in, then per kind."""
+
+    @property
+    def comm_exposed(self) -> dict[str, float]:
+        return {k[5:]: v for k, v in self.parts.items() if k.startswith("comm:")}
+
+
+def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _length(intervals: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
+    return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in intervals)
+
+
+def analyse_step(spans: Sequence[Span], main_thread: int, step: tuple[float, float]
+                 ) -> StepBreakdown:
+    """Break the step interval ``step`` (µs) down from ``spans`` (see the module docstring).
+    Returned values are in seconds."""
+    s0, s1 = step
+    pts: list[tuple[float, int, str]] = []  # (time, +1/-1, key)
+
+    def add(a: float, b: float, key: str) -> None:
+        a, b = max(a, s0), min(b, s1)
+        if b > a:
+            pts.append((a, 1, key))
+            pts.append((b, -1, key))
+
+    comm_spans: dict[str, list[tuple[float, float]]] = {}
+    for sp in spans:
+        if sp.end <= s0 or sp.start >= s1:
+            continue
+        kind = comm_kind(sp.name)
+        if kind is not None and sp.name.lower().startswith(("gloo:", "nccl:", "mpi:")):
+            # the collective's own work, on whatever thread it was recorded (gloo records
+            # point-to-point work under the launching thread, asynchronously)
+            add(sp.start, sp.end, "bg:" + kind)
+            comm_spans.setdefault(kind, []).append((sp.start, sp.end))
+            continue
+        if sp.thread != main_thread:
+            continue
+        if kind is not None:
+            add(sp.start, sp.end, "mc:" + kind)
+        elif sp.name in PHASE_SPANS:
+            add(sp.start, sp.end, "ph:" + PHASE_SPANS[sp.name])
+        elif sp.name == "ptd:block":
+            add(sp.start, sp.end, "blk")
+        elif sp.name.startswith(("PP:", "Forward ", "Backward ")) or is_marker(sp.name):
+            continue
+        elif not sp.comm_ancestor:
+            add(sp.start, sp.end, "op")
+    pts.sort(key=lambda p: (p[0], -p[1]))
+
+    active: dict[str, int] = {}
+    parts: dict[str, float] = {}
+    by_phase: dict[str, dict[str, float]] = {}
+    prev = s0
+
+    def phase() -> str | None:
+        inside_bwd = active.get("ph:backward", 0) > 0 or active.get("ph:backward_w", 0) > 0
+        if active.get("blk", 0) > 0 and inside_bwd:
+            return "recompute"
+        for ph in PHASES[1:]:
+            if active.get("ph:" + ph, 0) > 0:
+                return ph
+        return None
+
+    def credit(a: float, b: float) -> None:
+        dt = b - a
+        if dt <= 0:
+            return
+        ph = phase()
+        main_comm = [k[3:] for k, n in active.items() if n > 0 and k.startswith("mc:")]
+        bg = [k[3:] for k, n in active.items() if n > 0 and k.startswith("bg:")]
+        if main_comm:
+            kinds = main_comm if main_comm != ["wait"] or not bg else bg
+        elif active.get("op", 0) > 0:
+            kinds = []
+        else:
+            kinds = bg
+        if (kinds and set(kinds) <= {"send", "recv"} and active.get("ph:schedule", 0) > 0
+                and not main_comm):
+            # On gloo a point-to-point transfer lasts until the peer has posted its side:
+            # with nothing else to run, this stage waits for its neighbour.
+            parts["bubble"] = parts.get("bubble", 0.0) + dt
+            return
+        if kinds:
+            for k in kinds:
+                parts["comm:" + k] = parts.get("comm:" + k, 0.0) + dt / len(kinds)
+                d = by_phase.setdefault(ph or "other", {})
+                d[k] = d.get(k, 0.0) + dt / len(kinds)
+            return
+        if ph == "schedule" and active.get("op", 0) == 0:
+            parts["bubble"] = parts.get("bubble", 0.0) + dt
+            return
+        key = ph or "other"
+        parts[key] = parts.get(key, 0.0) + dt
+
+    for t, delta, key in pts:
+        if t > prev:
+            credit(prev, t)
+            prev = t
+        active[key] = active.get(key, 0) + delta
+    if s1 > prev:
+        credit(prev, s1)
+
+    scale = 1e-6
+    totals = {k: _length(_union(v), s0, s1) * scale for k, v in comm_spans.items()}
+    return StepBreakdown(step=(s1 - s0) * scale,
+                         parts={k: v * scale for k, v in parts.items()},
+                         comm_total=totals,
+                         comm_exposed_by_phase={p: {k: v * scale for k, v in d.items()}
+                                                for p, d in by_phase.items()})
+
+
+def mean_breakdown(steps: Sequence[StepBreakdown]) -> StepBreakdown:
+    """Average of several steps' breakdowns (part by part)."""
+    n = len(steps)
+    out = StepBreakdown(step=sum(s.step for s in steps) / n)
+    for s in steps:
+        for k, v in s.parts.items():
+            out.parts[k] = out.parts.get(k, 0.0) + v / n
+        for k, v in s.comm_total.items():
+            out.comm_total[k] = out.comm_total.get(k, 0.0) + v / n
+        for p, d in s.comm_exposed_by_phase.items():
+            o = out.comm_exposed_by_phase.setdefault(p, {})
+            for k, v in d.items():
+                o[k] = o.get(k, 0.0) + v / n
+    return out

@@ -1,0 +1,161 @@
+"""Measurement of real runs (issue 5): the step-time breakdown from profiler spans, model
+states counted from tensors, the activation tracker, and predicted vs measured in the
+``summary.json`` of real multi-process runs (DDP, tensor parallel, pipeline)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ptd.runtime.measure.memory import ActivationTracker, model_state_bytes
+from ptd.runtime.measure.timeline import Span, analyse_step, comm_kind, mean_breakdown
+
+MAIN, GLOO = 1, 2
+
+
+def sp(name, a, b, thread=MAIN):
+    return Span(name, thread, float(a), float(b))
+
+
+# ----------------------------------------------------------------- timeline arithmetic
+def test_comm_kinds_of_real_span_names():
+    assert comm_kind("gloo:all_reduce") == "all_reduce"
+    assert comm_kind("c10d::allreduce_") == "all_reduce"
+    assert comm_kind("_c10d_functional::all_gather_into_tensor") == "all_gather"
+    assert comm_kind("c10d::_reduce_scatter_base_") == "reduce_scatter"
+    assert comm_kind("gloo:recv") == "recv"
+    assert comm_kind("_c10d_functional::wait_tensor") == "wait"
+    assert comm_kind("aten::mm") is None
+    assert comm_kind("ptd:backward") is None
+
+
+def test_ddp_step_hidden_and_exposed_all_reduce():
+    """Forward 5-35, backward 35-85 (a bucket all-reduce launched at 60 runs on gloo's
+    thread 61-90: hidden while the backward computes, exposed 85-90), optimizer 90-100."""
+    spans = [sp("ptd:step", 0, 100), sp("ptd:data", 0, 5), sp("aten::copy_", 0, 5),
+             sp("ptd:forward", 5, 35), sp("aten::mm", 5, 35),
+             sp("ptd:backward", 35, 85), sp("aten::mm", 35, 60),
+             sp("c10d::allreduce_", 60, 62), sp("aten::mm", 62, 85),
+             sp("gloo:all_reduce", 61, 90, GLOO),
+             sp("ptd:optimizer", 90, 100), sp("aten::add_", 90, 100)]
+    b = analyse_step(spans, MAIN, (0, 100))
+    us = {k: round(v * 1e6, 6) for k, v in b.parts.items()}
+    assert us == {"data": 5, "forward": 30, "backward": 48, "comm:all_reduce": 7,
+                  "optimizer": 10}
+    assert b.comm_exposed == {"all_reduce": pytest.approx(7e-6)}
+    assert b.comm_total == {"all_reduce": pytest.approx(29e-6)}
+    assert sum(b.parts.values()) == pytest.approx(b.step) == pytest.approx(100e-6)
+
+
+def test_recompute_inside_backward_and_pipeline_bubble():
+    """A block's forward inside a backward is recompute; inside a schedule, time with no op
+    and only a receive in flight is the bubble (waiting for the neighbour)."""
+    spans = [sp("ptd:step", 0, 100), sp("ptd:schedule", 0, 100),
+             sp("ptd:forward", 0, 20), sp("aten::mm", 0, 20),
+             sp("gloo:recv", 20, 50, GLOO),  # waiting for the next stage's gradient
+             sp("ptd:backward", 50, 100), sp("ptd:block", 50, 70), sp("aten::mm", 50, 70),
+             sp("aten::mm", 70, 100)]
+    b = analyse_step(spans, MAIN, (0, 100))
+    us = {k: round(v * 1e6, 6) for k, v in b.parts.items()}
+    assert us == {"forward": 20, "bubble": 30, "recompute": 20, "backward": 30}
+
+
+def test_mean_of_breakdowns_is_part_by_part():
+    a = analyse_step([sp("ptd:step", 0, 10), sp("ptd:forward", 0, 10)], MAIN, (0, 10))
+    b = analyse_step([sp("ptd:step", 0, 30), sp("ptd:optimizer", 0, 30)], MAIN, (0, 30))
+    m = mean_breakdown([a, b])
+    assert m.step == pytest.approx(20e-6)
+    assert m.parts == {"forward": pytest.approx(5e-6), "optimizer": pytest.approx(15e-6)}
+
+
+# ----------------------------------------------------------------- memory from tensors
+def test_model_states_counted_from_the_tensors():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4, bias=False))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(3, 16)).sum().backward()
+    opt.step()
+    n = 16 * 32 + 32 + 32 * 4
+    got = model_state_bytes([model], opt)
+    assert got["params"] == got["grads"] == 4 * n
+    assert got["optimizer"] == 2 * 4 * n  # exp_avg, exp_avg_sq
+    assert got["total"] == 16 * n
+
+
+def test_activation_tracker_peak_of_saved_tensors():
+    """Tensors made under the tracker and alive together: the peak is their sum."""
+    x = torch.randn(64, 64)
+    with ActivationTracker() as tr:
+        a = x * 2          # 16 KiB, kept
+        b = a + 1          # 16 KiB, kept
+        del a
+        c = b.sum(0)       # 256 B
+    peak = tr.peak_excluding(set())
+    assert 2 * 64 * 64 * 4 <= peak <= 2 * 64 * 64 * 4 + 4 * 64 * 4
+    del b, c
+
+
+# ----------------------------------------------------------------- real runs
+RUN_TIMEOUT = 180
+COMMON = ["--model", "tiny", "--steps", "6", "--global-batch", "8", "--seq-len", "64",
+          "--warmup", "2", "--timeout", "60"]
+
+
+def train(out, *flags):
+    env = dict(os.environ, PTD_HOME=str(out.parent / "home"), OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-m", "ptd", "train", *COMMON, *flags, "--out", str(out)],
+                       env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-6000:]
+    assert "terminate called" not in r.stderr and "USDT" not in r.stderr
+    return json.loads((out / "summary.json").read_text()), r.stdout
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(RUN_TIMEOUT + 30)
+@pytest.mark.parametrize("name,flags", [
+    ("ddp", ["--nproc", "2", "--micro-batch", "4"]),
+    ("tp2", ["--nproc", "2", "--tp", "2", "--dp", "1", "--micro-batch", "8"]),
+    ("pp2", ["--nproc", "2", "--pp", "2", "--dp", "1", "--micro-batch", "2", "--schedule", "1f1b"]),
+])
+def test_every_run_reports_measured_beside_predicted(tmp_path, name, flags):
+    s, stdout = train(tmp_path / name, *flags)
+    m, p, r = s["measured"], s["predicted"], s["ratio"]
+    # the breakdown's parts add up to the profiled step (within 5%)
+    b = m["breakdown"]
+    parts = sum(v for k, v in b.items() if k not in ("forward", "backward", "recompute"))
+    assert parts == pytest.approx(m["profiled_step_time_s"], rel=0.05)
+    assert b["forward"] > 0 and b["backward"] > 0 and b["optimizer"] > 0
+    # throughput and utilisation follow from the measured step and the cost model's FLOPs
+    assert m["tokens_per_s"] == pytest.approx(8 * 64 / m["step_time_s"], rel=1e-6)
+    assert m["mfu"] == pytest.approx(p["mfu"] * p["step_time_s"] / m["step_time_s"], rel=1e-6)
+    assert r["step_time_s"] == pytest.approx(m["step_time_s"] / p["step_time_s"])
+    # model states counted from the tensors equal the cost model's on every rank
+    assert m["memory"]["model_states_equal_per_rank"] is True
+    assert m["memory"]["model_states"] == p["memory"]["model_states"]
+    act = m["memory"]["activations"] / p["memory"]["activations"]
+    assert 0.7 < act < 1.3, act
+    # the dimension's own cost shows up where it should
+    if name == "ddp":
+        assert m["comm_total_s"]["all_reduce"] > 0
+    if name == "tp2":
+        assert b["tp_comm"] > 0 and p["breakdown"]["tp_comm"] > 0
+    if name == "pp2":
+        assert b["bubble"] > 0 and p["breakdown"]["bubble"] > 0
+    assert "measured vs predicted" in stdout and "MFU" in stdout
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 30)
+def test_tensorboard_event_files_hold_the_steps_and_the_comparison(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    out = tmp_path / "tb_run"
+    s, _ = train(out, "--nproc", "1", "--micro-batch", "8", "--tensorboard")
+    acc = EventAccumulator(str(out / "tb"))
+    acc.Reload()
+    loss = acc.Scalars("train/loss")
+    assert [e.step for e in loss] == list(range(1, 7))
+    assert loss[0].value == pytest.approx(s["first_loss"], rel=1e-6)
+    assert acc.Scalars("measured/step_time_s")[0].value == pytest.approx(s["measured"]["step_time_s"])
+    assert acc.Scalars("predicted/step_time_s")[0].value == pytest.approx(s["predicted"]["step_time_s"])
+    assert "predicted_vs_measured/text_summary" in acc.Tags()["tensors"]

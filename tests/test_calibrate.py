@@ -166,6 +166,9 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
     assert hw.gemm_flops_measured["fp32"][2] <= 1.3 * hw.peak("fp32")
     assert hw.peak("fp32") >= hw.gemm_flops_measured["fp32"][1]
     assert 0 < hw.attention_efficiency <= 1
+    # the wait of a blocking collective between compute chunks, with 2 workers at once
+    assert set(hw.overheads_measured["blocking_collective"]) == {2}
+    assert 0 <= hw.overheads_measured["blocking_collective"][2] < 0.05
     meta = out["meta"]
     assert meta["workers"] == [1, 2] and meta["quick"] is True
     assert meta["seconds"] < 120

@@ -279,3 +279,26 @@ def test_estimate_is_fast():
 def test_estimate_bad_input(ptd_cli, argv):
     rc, out, err = ptd_cli(*argv)
     assert rc == 2 and err.count("\n") == 1 and err.startswith("ptd: error:"), err
+
+
+def test_blocking_collective_wait_is_paid_once_per_tensor_parallel_collective():
+    """A calibrated ``blocking_collective`` wait adds exactly (tp collectives per step) x
+    wait to tp_comm: per micro-batch 2 per block forward, 5 per block backward (wq, wk,
+    wv, w1, w3 input gradients: SwiGLU, no sp), the embedding's, loss_parallel's 3 and the
+    output layer's input gradient."""
+    from ptd.cost.step import step_time
+    model = get_preset("tiny")
+    preset = load_hardware("cpu")
+    others = {k: v for k, v in preset.overheads_measured.items() if k != "blocking_collective"}
+    cpu = preset.replace(overheads_measured=others)
+    plan = ParallelPlan(dp=1, tp=2, micro_batch=2, global_batch=4, seq_len=64, dtype="fp32")
+    base = step_time(model, plan, ClusterSpec(cpu, 2))
+    waited = step_time(model, plan, ClusterSpec(cpu.replace(
+        overheads_measured={**others, "blocking_collective": {2: 1e-3, 4: 5e-3}}), 2))
+    per_mb = model.n_layers * (2 + 5) + 1 + 3 + 1
+    assert waited.tp_comm - base.tp_comm == pytest.approx(plan.n_microbatches * per_mb * 1e-3)
+    assert waited.compute == base.compute and waited.dp_comm_exposed == base.dp_comm_exposed
+    # no tensor parallelism: nothing waits
+    dp = ParallelPlan(dp=2, micro_batch=2, global_batch=4, seq_len=64, dtype="fp32")
+    assert step_time(model, dp, ClusterSpec(preset, 2)).total == \
+        step_time(model, dp, ClusterSpec(cpu, 2)).total

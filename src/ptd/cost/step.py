@@ -160,7 +160,10 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     # tensor-parallel collectives, per block and per micro-batch
     tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")
     act = ab * tokens * model.hidden
-    ar = _coll("all_reduce", act, tp_n, hw, tp_nodes, tp_per)
+    # Each tp collective blocks the compute stream; where peers share cores it also waits
+    # for the later peer (calibrated ``blocking_collective``; 0 on GPUs and presets).
+    wait = (cluster.overhead("blocking_collective") or 0.0) if tp_n > 1 else 0.0
+    ar = _coll("all_reduce", act, tp_n, hw, tp_nodes, tp_per) + wait
     tp_block_f = 2 * ar
     if tp_grad_per_linear and not plan.sp:
         col = 3 + (2 if model.mlp == "swiglu" else 1)  # wq, wk, wv; w1 (and w3)
@@ -169,7 +172,8 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     tp_block_b = col * ar + (2 * ar if plan.recompute == "full" else 0.0)
     tp_emb = ar  # vocabulary-parallel embedding output
     # loss_parallel's cross-entropy: max, sum of exponentials, target logit (fp32 per token)
-    tp_out_f = (ar if plan.sp else 0.0) + 3 * _coll("all_reduce", 4 * tokens, tp_n, hw, tp_nodes, tp_per)
+    tp_out_f = (ar if plan.sp else 0.0) + 3 * (_coll("all_reduce", 4 * tokens, tp_n, hw, tp_nodes,
+                                                     tp_per) + wait)
     tp_out_b = ar
 
     # per pipeline rank: compute and tp time of one micro-batch through all its chunks
@@ -253,7 +257,8 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     if plan.tp > 1 and plan.sp and plan.zero < 2:
         # the norms' partial gradients, summed over tp once per step (one small all-reduce each)
         n_norms = (2 * nl + 1) if model.norm == "rmsnorm" else (4 * nl + 2)
-        tp_step = n_norms * _coll("all_reduce", 4 * model.hidden, tp_n, hw, tp_nodes, tp_per)
+        tp_step = n_norms * (_coll("all_reduce", 4 * model.hidden, tp_n, hw, tp_nodes, tp_per)
+                             + wait)
     else:
         tp_step = 0.0
 

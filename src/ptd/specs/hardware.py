@@ -119,8 +119,11 @@ class HardwareSpec:
     tensor: sharding propagation and wrapping), ``optimizer_tensor`` (one parameter tensor's
     share of the optimizer phase -- gradient-norm, clipping, single-tensor AdamW -- on plain
     tensors) and ``optimizer_tensor_dtensor`` (the same on DTensor parameters, as FSDP and
-    tensor parallelism make them). Absent: 0 for ``dtensor_op``, operator counts times
-    ``op_overhead`` for the optimizer."""
+    tensor parallelism make them), ``blocking_collective`` (the wait a blocking collective
+    adds between compute chunks beyond its alpha-beta time: on a CPU with more workers than
+    cores a descheduled peer arrives late; tensor parallelism pays it per activation
+    collective). Absent: 0 for ``dtensor_op`` and ``blocking_collective``, operator counts
+    times ``op_overhead`` for the optimizer."""
     sources: dict[str, str] = field(default_factory=dict)
     """Where each number comes from."""
 
@@ -360,8 +363,14 @@ PRESETS: dict[str, HardwareSpec] = {
                                  "bf16": {1: 5.07 * G, 2: 5.06 * G, 4: 2.67 * G}},
             memory_bandwidth_measured={1: 19.3 * G, 2: 14.0 * G, 4: 6.45 * G},
             op_overhead_measured={1: 1.79e-6, 2: 1.77e-6, 4: 3.47e-6},
+            overheads_measured={"dtensor_op": {1: 32.5e-6, 2: 34.2e-6, 4: 71.8e-6},
+                                "optimizer_tensor": {1: 49.7e-6, 2: 49.6e-6, 4: 107e-6},
+                                "optimizer_tensor_dtensor": {1: 337e-6, 2: 332e-6, 4: 702e-6},
+                                "blocking_collective": {2: 0.115e-3, 4: 2.35e-3}},
             sources={"all": "ptd calibrate --workers 1,2,4 on this machine class (2-core AMD EPYC, "
-                            "AVX2), 2026-11-22; collectives: gloo all-reduce fit, group of 2",
+                            "AVX2), 2026-11-22; collectives: gloo all-reduce fit, group of 2; "
+                            "overheads_measured: ptd calibrate 09:58 and 10:03 UTC (load "
+                            "average 0.0 and 1.4 before)",
                      "inter_node": "assumed: no second node was measured"}),
     ]
 }

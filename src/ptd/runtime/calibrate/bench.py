@@ -10,6 +10,7 @@ training run where every rank sits in some group.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from typing import Any, Callable
 
@@ -222,6 +223,44 @@ def _collective(kind: str, nbytes: int, g: int, rank: int, pg: Any,
     raise ValueError(kind)
 
 
+def blocking_wait(rank: int, n_active: int, pg: Any, barrier: Any, timeout: float,
+                  repeats: int, chunk_mm: int = 16, iters: int = 12) -> float | None:
+    """Seconds a *blocking* collective costs beyond its own alpha-beta time when it sits
+    between compute chunks, as tensor parallelism's activation all-reduces do, with
+    ``n_active`` workers of the node running (ranks ``0..n_active-1``, in pairs).
+
+    Back-to-back timing (the collective fits) keeps both peers in step. Between chunks of
+    computation, on a CPU with more workers than cores, a peer that was descheduled arrives
+    late and the other waits for it. Measured directly: a loop of (``chunk_mm`` 256x256
+    matmuls, ~5-15 ms; all-reduce of 1 MiB) against the same compute alone and the same
+    all-reduce alone; the excess, per collective, is kept (median of ``repeats`` windows).
+    Returns None on ranks outside the active pairs."""
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    x = torch.zeros(256 * 1024)
+    active = rank < n_active
+
+    def loop(compute: bool, comm: bool) -> float:
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            if compute:
+                for _ in range(chunk_mm):
+                    torch.mm(a, b)
+            if comm:
+                dist.all_reduce(x, group=pg)
+        return (time.perf_counter() - t0) / iters
+
+    excess = []
+    for _ in range(repeats):
+        t = {}
+        for mode in ((True, False), (False, True), (True, True)):
+            barrier.wait(timeout)
+            if active:
+                t[mode] = loop(*mode)
+        if active:
+            excess.append(max(0.0, t[(True, True)] - t[(True, False)] - t[(False, True)]))
+    return statistics.median(excess) if active else None
+
+
 def collective_suite(rank: int, nproc: int, plan: dict, device: torch.device, barrier: Any,
                      timeout: float, tick: Callable[[str], None]) -> tuple[dict, dict]:
     """Seconds per collective by (kind, group size, bytes) on this rank, and the kinds that
@@ -262,4 +301,11 @@ def collective_suite(rank: int, nproc: int, plan: dict, device: torch.device, ba
             if res:
                 times[key] = res
             tick(f"{kind} g={g}")
+        if g == 2 and device.type == "cpu":
+            # blocking collectives between compute chunks, with 2 and with all workers busy
+            for n_active in sorted({2, nproc}):
+                w = blocking_wait(rank, n_active, pg, barrier, timeout, plan["repeats"])
+                if w is not None:
+                    times.setdefault("blocking_wait", {})[str(n_active)] = w
+            tick("blocking collectives")
     return times, missing

@@ -77,8 +77,15 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
         if "framework" in per[0]:
             for k in per[0]["framework"]:
                 framework.setdefault(k, {})[n] = mean([p["framework"][k] for p in per])
+    # blocking collectives between compute chunks: seconds of waiting by workers at once
+    waits = [r["collectives"]["blocking_wait"] for r in results
+             if "blocking_wait" in r.get("collectives", {})]
+    for n in sorted({n for w in waits for n in w}, key=int):
+        framework.setdefault("blocking_collective", {})[int(n)] = mean(
+            [w[n] for w in waits if n in w])
     collectives = []
-    for key in sorted(results[0]["collectives"], key=lambda k: (int(k.split(":")[1]), k)):
+    for key in sorted((k for k in results[0]["collectives"] if ":" in k),
+                      key=lambda k: (int(k.split(":")[1]), k)):
         kind, g = key.split(":")[0], int(key.split(":")[1])
         members = [r["collectives"][key] for r in results if key in r["collectives"]]
         sizes = sorted(members[0], key=int)

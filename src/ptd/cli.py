@@ -26,6 +26,18 @@ class _Parser(argparse.ArgumentParser):
         raise PtdError(f"{self.prog.split()[-1]}: {message}")
 
 
+def positive_ints(s: str, limit: int | None = None) -> list[int]:
+    """``"4,1,2"`` -> ``[1, 2, 4]``: distinct positive integers (at most ``limit``)."""
+    try:
+        v = sorted({int(x) for x in s.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 1,2,4, got {s!r}") from None
+    if not v or v[0] < 1 or (limit is not None and v[-1] > limit):
+        bound = f"1..{limit}" if limit is not None else "positive"
+        raise argparse.ArgumentTypeError(f"expected {bound} numbers like 1,2,4, got {s!r}")
+    return v
+
+
 def positive_int(s: str) -> int:
     try:
         v = int(s)

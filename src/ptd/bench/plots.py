@@ -63,11 +63,14 @@ def speedup_plot(rows: list[dict], amdahl: list[dict], path: Path, title: str,
     plt.close(fig)
 
 
+MEM_KEYS = ("params", "grads", "optimizer", "activations")
+MEM_COLORS = {"params": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52"}
+
+
 def memory_plot(rows: list[dict], path: Path, title: str) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    keys = ("params", "grads", "optimizer", "activations")
-    cols = {"params": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52"}
+    keys, cols = MEM_KEYS, MEM_COLORS
     labels = []
     x = 0.0
     for r in rows:
@@ -165,8 +168,7 @@ def timeline_plot(per_rank: list[dict], path: Path, title: str) -> None:
 def cluster_memory_plot(rows: list[dict], path: Path, title: str) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    keys = ("params", "grads", "optimizer", "activations")
-    cols = {"params": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52"}
+    keys, cols = MEM_KEYS, MEM_COLORS
     labels = []
     for i, r in enumerate(rows):
         bottom = 0.0

@@ -19,20 +19,10 @@ import json
 import time
 from pathlib import Path
 
-from ..cli import positive_int
+from ..cli import positive_int, positive_ints
 from ..errors import PtdError
 
 HELP = "scaling benchmarks: speedup, efficiency, Amdahl, memory per ZeRO stage (measured and predicted)"
-
-
-def _ints(s: str) -> list[int]:
-    try:
-        v = sorted({int(x) for x in s.split(",") if x.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers like 1,2,4, got {s!r}") from None
-    if not v or v[0] < 1:
-        raise argparse.ArgumentTypeError(f"expected positive numbers, got {s!r}")
-    return v
 
 
 def _strategies(s: str) -> list[str]:
@@ -51,7 +41,8 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--global-batch", type=positive_int, default=16)
     p.add_argument("--steps", type=positive_int, default=7,
                    help="steps per run: warm-up, memory step, profiled step, clean steps (7)")
-    p.add_argument("--workers", type=_ints, default=None, help="worker counts (1,2,4)")
+    p.add_argument("--workers", type=lambda s: positive_ints(s, 8), default=None,
+                   help="worker counts (1,2,4; at most 8)")
     p.add_argument("--strategies", type=_strategies, default=None,
                    help="ddp,zero1,zero2,zero3,tp,pp,3d (all)")
     p.add_argument("--hardware", help="profile for the predictions (default: as ptd train)")
@@ -59,7 +50,7 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="reduced grid: workers 1,2; ddp, zero3, tp, pp; tiny model; 5 steps")
     p.add_argument("--cluster-model", default="llama3-8b")
     p.add_argument("--cluster-hardware", default="h100-sxm")
-    p.add_argument("--cluster-gpus", type=_ints, default=[8, 16, 32, 64, 128, 256, 512, 1024])
+    p.add_argument("--cluster-gpus", type=positive_ints, default=[8, 16, 32, 64, 128, 256, 512, 1024])
     p.add_argument("--cluster-seq-len", type=positive_int, default=4096)
     p.add_argument("--cluster-global-batch", type=positive_int, default=1024)
     p.add_argument("--no-plots", action="store_true")

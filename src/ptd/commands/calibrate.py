@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..cli import emit_json
+from ..cli import emit_json, positive_ints
 from ..errors import PtdError
 from ..fmt import duration, si, table
 
@@ -37,13 +37,7 @@ CALIBRATED_DTYPES = ("fp32", "bf16", "fp16")
 
 
 def worker_list(s: str) -> list[int]:
-    try:
-        v = sorted({int(x) for x in s.split(",") if x.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected worker counts like 1,2,4, got {s!r}") from None
-    if not v or v[0] < 1 or v[-1] > MAX_WORKERS:
-        raise argparse.ArgumentTypeError(f"worker counts must be 1..{MAX_WORKERS}, got {s!r}")
-    return v
+    return positive_ints(s, MAX_WORKERS)
 
 
 def dtype_list(s: str) -> list[str]:

@@ -12,6 +12,8 @@ Examples:
   ptd plan --model llama3-8b --gpus 8 --objective memory --json
   ptd plan --model llama3-8b --gpus 64 --export megatron > megatron_args.txt
   ptd plan --model small --hardware cpu --gpus 4 --seq-len 256 --global-batch 32 --run
+  ptd plan --model small --hardware cpu --gpus 4 --seq-len 256 --global-batch 16 --dtype fp32 \
+      --try 3        # run the top 3 and each layout's best here; predicted vs measured
 """
 
 from __future__ import annotations
@@ -55,10 +57,26 @@ def add(p: argparse.ArgumentParser) -> None:
                         "DeepSpeed (to stdout, or to --output)")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="write the export (or, with --run, the ptd config) here")
-    p.add_argument("--steps", type=positive_int, help="training steps in the export (100)")
+    p.add_argument("--steps", type=positive_int,
+                   help="training steps in the export (100), or of each --try run (8)")
     p.add_argument("--run", action="store_true",
                    help="plan for this machine (--hardware cpu or a calibrated profile) and "
                         "start ptd train with the winner")
+    t = p.add_argument_group("trying plans on this host (--try)")
+    t.add_argument("--try", dest="try_k", type=positive_int, metavar="K",
+                   help="run the top K plans and the best plan of every other dp x tp x pp "
+                        "layout here (one node: --gpus workers), and rank them by measured "
+                        "tokens/s beside the prediction")
+    t.add_argument("--no-layouts", action="store_true",
+                   help="with --try: the top K only, not each layout's best")
+    t.add_argument("--repeats", type=positive_int, default=2,
+                   help="runs per plan, interleaved; the best counts (2)")
+    t.add_argument("--tolerance", type=float, default=0.10,
+                   help="how far below the best measured the top plan may be (0.10)")
+    t.add_argument("--try-dir", default="runs/plan-try", metavar="DIR",
+                   help="configs, runs and try.json go here (runs/plan-try)")
+    t.add_argument("--run-timeout", type=float, default=300.0,
+                   help="seconds per run before it counts as failed (300)")
 
 
 def run(a: argparse.Namespace) -> int:
@@ -67,6 +85,12 @@ def run(a: argparse.Namespace) -> int:
 
     if a.run and a.export not in (None, "ptd"):
         raise PtdError("--run writes a ptd config; export other formats in a separate call")
+    if a.try_k and (a.run or a.export):
+        raise PtdError("--try runs plans itself; use --run or --export in a separate call")
+    if a.try_k and a.objective == "memory":
+        raise PtdError("--try ranks by measured throughput; use --objective throughput")
+    if a.try_k and not 0 <= a.tolerance < 1:
+        raise PtdError(f"--tolerance must be in [0, 1), got {a.tolerance}")
     fixed = parse_fix(a.fix)
     model, cluster, opts = resolve(a)
     seq = a.seq_len or default_seq_len(model)
@@ -74,6 +98,8 @@ def run(a: argparse.Namespace) -> int:
     res = search(model, cluster, gb, seq, dtype=a.dtype, fixed=fixed, objective=a.objective,
                  tokens=a.tokens, options=opts, allow_tp_across_nodes=a.allow_tp_across_nodes)
     win = res.best  # raises "no plan fits: ..." when nothing does
+    if a.try_k:
+        return try_plans(a, res, opts)
     dims = None
     if a.explain:
         from ..planner.explain import explain
@@ -109,6 +135,42 @@ def run(a: argparse.Namespace) -> int:
         cmd = [sys.executable, "-m", "ptd", "train", "--config", str(path)]
         print("running: " + " ".join(cmd[1:]), flush=True)
         return subprocess.call(cmd)
+    return 0
+
+
+def try_plans(a: argparse.Namespace, res, opts) -> int:  # type: ignore[no-untyped-def]
+    import json
+
+    from ..planner import trial
+    c = res.cluster
+    if c.n_nodes > 1:
+        raise PtdError(f"--try runs every plan on this host: --gpus {c.n_devices} is "
+                       f"{c.n_nodes} nodes of {c.devices_per_node}; try one node's worth")
+    if c.hardware.kind == "gpu":
+        import torch
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have < c.n_devices:
+            raise PtdError(f"--try runs every plan on this host: --hardware {a.hardware} "
+                           f"describes {c.n_devices} GPUs and this host has {have}; plan with "
+                           f"--hardware cpu or a calibrated profile (ptd calibrate)")
+    cands = trial.candidates(res, a.try_k, per_layout=not a.no_layouts)
+    out = Path(a.try_dir)
+    log = (lambda m: print(m, file=sys.stderr, flush=True))
+    if not a.json:
+        print(render(res, a.try_k, 0), flush=True)
+        print()
+    log(f"ptd plan --try: {len(cands)} plans x {a.repeats} repeats, {a.steps or 8} steps "
+        f"each, into {out}")
+    wall = trial.run_all(cands, out, hardware=a.hardware, steps=a.steps or 8,
+                         repeats=a.repeats, timeout=a.run_timeout, options=opts, log=log)
+    v = trial.verdict(cands, a.tolerance)
+    tj = trial.to_json(cands, v, a.repeats, wall)
+    (out / "try.json").write_text(json.dumps(tj, indent=2, default=str) + "\n")
+    if a.json:
+        emit_json({**to_json(res, a.try_k, None, None, None, None), "try": tj})
+    else:
+        print(trial.render(cands, v, a.repeats, wall))
+        print(f"\nwrote {out / 'try.json'}")
     return 0
 
 

@@ -57,7 +57,7 @@ def test_model_states_per_rank_match_the_plain_sharding():
                 e = M.model_state_elements(m, p, r, d)
                 sharded = P.fsdp_numel(shapes, p.dp, d)
                 want = {0: (full, full, full), 1: (full, full, z1[d]),
-                        2: (full, sharded, sharded), 3: (sharded, sharded, sharded)}[p.zero]
+                        2: (sharded, sharded, sharded), 3: (sharded, sharded, sharded)}[p.zero]
                 assert (e.params, e.grads, e.optimizer) == want
 
 

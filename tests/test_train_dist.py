@@ -94,6 +94,9 @@ def test_loss_parity_with_single_process(reference, home, tmp_path, zero):
         summary = json.loads((run / "summary.json").read_text())
         assert summary["world_size"] == 2 and summary["plan"]["zero"] == zero
         assert summary["runtime_params"] == summary["param_count"]
+        # parameters, gradients and optimizer states counted from the tensors on each rank
+        # are the cost model's per-rank numbers exactly (ZeRO-2 shards parameters too)
+        assert summary["measured"]["memory"]["model_states_equal_per_rank"] is True
 
 
 @pytest.mark.timeout(2 * RUN_TIMEOUT + 60)

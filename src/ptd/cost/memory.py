@@ -10,7 +10,10 @@
   fp32 training both conventions are 4 + 4 + 8.
 
 Stage 1 shards optimizer states over ``dp``, stage 2 also gradients, stage 3 also
-parameters. Counts are exact per rank (see :mod:`ptd.cost.params`).
+parameters. ptd's stage 2 (FSDP2 without resharding after forward) shards parameters between
+steps as well and holds them gathered from each block's forward to its backward (counted in
+buffers); ``"zero"`` keeps the paper's replicated stage-2 parameters. Counts are exact per
+rank (see :mod:`ptd.cost.params`).
 
 **Activations** generalise Korthikanti et al. 2022 (arXiv 2205.05198, section 4): the bytes
 each block keeps for backward, tensor by tensor, with ``a_b`` bytes per activation element,
@@ -114,10 +117,12 @@ def model_state_elements(model: ModelSpec, plan: ParallelPlan, pp_rank: int,
     full = P.local_numel(model, plan, pp_rank)
     if plan.zero >= 2:
         sharded = P.rank_fsdp_numel(model, plan, pp_rank, dp_rank)
-    if plan.zero == 3:
+    if plan.zero >= 2:
+        # ptd's ZeRO-2 is FSDP2 without resharding after forward: between steps the
+        # parameters are shards too; the gathered copy held from forward to backward is
+        # counted in buffers (buffer_bytes). The ZeRO paper's stage 2 keeps them whole:
+        # model_state_bytes(convention="zero") counts that.
         return ModelStates(sharded, sharded, sharded)
-    if plan.zero == 2:
-        return ModelStates(full, sharded, sharded)
     if plan.zero == 1:
         return ModelStates(full, full, P.rank_zero1_numel(model, plan, pp_rank)[dp_rank])
     return ModelStates(full, full, full)
@@ -154,11 +159,16 @@ def model_state_bytes(model: ModelSpec, plan: ParallelPlan, convention: Conventi
                       pp_rank: int | None = None, dp_rank: int | None = None) -> tuple[float, float, float]:
     """(params, grads, optimizer) bytes on the most loaded rank, or on the given one."""
     pb, gb, ob = state_bytes_per_param(plan.dtype, convention)
-    if pp_rank is None or dp_rank is None:
+    worst = pp_rank is None or dp_rank is None
+    if worst:
         e = _max_state_elements(model, (P.layout_key(plan), plan.tp, plan.dp, plan.zero))
     else:
-        e = model_state_elements(model, plan, pp_rank, dp_rank)
-    return e.params * pb, e.grads * gb, e.optimizer * ob
+        e = model_state_elements(model, plan, pp_rank, dp_rank)  # type: ignore[arg-type]
+    params: float = e.params
+    if plan.zero == 2 and convention == "zero":
+        # the paper's stage 2 replicates the (fp16) parameters; ptd's shards them (see above)
+        params = P.max_local_numel(model, plan) if worst else P.local_numel(model, plan, pp_rank)  # type: ignore[arg-type]
+    return params * pb, e.grads * gb, e.optimizer * ob
 
 
 def zero_paper_model_states(n_params: float, dp: int, stage: int, k: int = 12) -> float:

@@ -141,7 +141,9 @@ def test_sigkill_elastic_restart_resumes_by_itself(source, home, tmp_path):
     r = trained(out, "--nproc", "2", "--zero", "0", "--micro-batch", "4", "--checkpoint-every", "2",
                 "--max-restarts", "1", home=home,
                 extra_env={"PTD_FAULT": "kill:rank=1:step=6:restart=0"})
-    assert "exitcode: -9" in r.stderr  # torchrun saw rank 1 die of SIGKILL ...
+    # torchrun saw a worker fail: rank 1 of its SIGKILL (exitcode -9), or rank 0 first, of the
+    # broken connection to its dead peer (which of the two it notices first is a race) ...
+    assert re.search(r"failed \(exitcode: (-9|1)\) local_rank: [01]", r.stderr), r.stderr[-2000:]
     assert re.search(r"resumed from \S+step_00000004 at step 4", r.stderr)  # ... and restarted
     assert losses(out) == losses(ref)
     assert [x["step"] for x in records(out)] == list(range(1, 9))

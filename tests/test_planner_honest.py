@@ -73,7 +73,7 @@ def test_top_plan_is_within_10pct_of_the_best_measured(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ptd", "plan", "--model", "tiny", "--hardware",
                         "cpu", "--gpus", "4", "--global-batch", "8", "--seq-len", "64",
                         "--dtype", "fp32", "--fix", "tp=1", "--try", "1", "--repeats", "2",
-                        "--steps", "8", "--try-dir", str(out), "--json"],
+                        "--steps", "24", "--try-dir", str(out), "--json"],
                        env=env, capture_output=True, text=True, timeout=340)
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads(r.stdout)["try"]

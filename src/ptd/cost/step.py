@@ -235,7 +235,10 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
                 opt_comm = _coll("all_gather", local * 4, dp_n, hw, dp_nodes, dp_per)
         else:
             ag_block = _coll("all_gather", block_params * ab, dp_n, hw, dp_nodes, dp_per)
-            rs_block = _coll("reduce_scatter", block_params * 4, dp_n, hw, dp_nodes, dp_per)
+            # on a CPU (gloo) ptd reduces FSDP's gradients with an all-reduce, which gloo runs
+            # faster than its reduce-scatter (runtime/parallel/fsdp.py, AllReduceScatter)
+            rs_kind = "all_reduce" if hw.kind == "cpu" else "reduce_scatter"
+            rs_block = _coll(rs_kind, block_params * 4, dp_n, hw, dp_nodes, dp_per)
             gathers = m * nl * (2 if plan.zero == 3 else 1)  # ZeRO-3 gathers again for backward
             dp_total = gathers * ag_block + nl * rs_block
             blk_f = blk.forward + 2 * ar

@@ -21,7 +21,12 @@ sharded parameters, gradients and optimizer states in host memory (``CPUOffloadP
 the optimizer step runs on the CPU.
 
 On gloo, ``set_gradient_divide_factor`` must not be used (PREMUL_SUM is NCCL-only); the
-default averaging over dp is what the loss normalisation expects anyway.
+default averaging over dp is what the loss normalisation expects anyway. Also on gloo, the
+gradient reduce-scatter runs as an all-reduce of FSDP's flat buffer followed by taking this
+rank's chunk (:class:`AllReduceScatter`, installed with FSDP2's ``set_custom_reduce_scatter``):
+gloo's ``reduce_scatter_tensor`` took 48 ms for 12 MB on 4 workers of this 2-core machine
+where its ``all_reduce`` of the same buffer took 25 ms (and the list ``reduce_scatter`` 37 ms).
+NCCL keeps FSDP's own reduce-scatter.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ from typing import Sequence
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from ...specs import ParallelPlan
 from ..precision import DTYPES
@@ -51,10 +58,31 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, plan: ParallelPlan, device
     offload: OffloadPolicy = (CPUOffloadPolicy(pin_memory=device.type == "cuda") if plan.offload
                               else OffloadPolicy())
     reshard = plan.zero >= 3
-    for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
+    units = [*model.layers.values(), *(roots or [model])]
+    for unit in units:
+        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
                     offload_policy=offload)
-    for root in (roots or [model]):
-        fully_shard(root, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
-                    offload_policy=offload)
+    if dist.get_backend(dp_mesh.get_group()) == "gloo":
+        for unit in units:
+            unit.set_custom_reduce_scatter(AllReduceScatter())  # type: ignore[operator]
     return model
+
+
+class AllReduceScatter(ReduceScatter):
+    """FSDP2's gradient reduce-scatter done as an all-reduce of its flat input (rank ``r``'s
+    shard is the ``r``-th of ``world`` equal chunks) and a copy of this rank's chunk: the
+    same result, in less time on gloo (see the module docstring). In place on the input
+    buffer, which FSDP frees right after, so it costs no memory."""
+
+    def allocate(self, size, *, dtype, device):  # type: ignore[no-untyped-def]
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                 group: dist.ProcessGroup, op, async_op: bool = False) -> None:  # type: ignore[no-untyped-def]
+        avg = op == dist.ReduceOp.AVG  # gloo sums; the mean is taken on the chunk
+        dist.all_reduce(input_tensor, op=dist.ReduceOp.SUM if avg else op, group=group)
+        mine = input_tensor.view(group.size(), -1)[group.rank()]
+        if avg:
+            torch.div(mine, group.size(), out=output_tensor)
+        else:
+            output_tensor.copy_(mine)

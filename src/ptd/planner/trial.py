@@ -130,7 +130,7 @@ def spearman(x: list[float], y: list[float]) -> float | None:
 def verdict(cands: list[Candidate], tolerance: float) -> dict[str, Any]:
     """The planner's top plan against the best measured one."""
     ok = [c for c in cands if c.best is not None]
-    top = next((c for c in cands if c.rank == min(x.rank for x in cands)), None)
+    top = min(cands, key=lambda c: c.rank) if cands else None
     if not ok or top is None or top.best is None:
         return {"top_rank": top.rank if top else None, "top_tokens_per_s": None,
                 "best_rank": None, "best_tokens_per_s": None, "top_over_best": None,

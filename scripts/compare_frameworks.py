@@ -72,6 +72,10 @@ def other_run(a: argparse.Namespace, framework: str, zero: int, out: Path) -> di
     return json.loads(res.read_text())
 
 
+def f(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -133,9 +137,6 @@ def main() -> int:
                "ptd_runs": [x.get("tokens_per_s") for x in results[(s, "ptd")]],
                "other_runs": [x.get("tokens_per_s") for x in results[(s, other)]]}
         rows.append(row)
-
-        def f(x: float | None, fmt: str) -> str:
-            return "-" if x is None else format(x, fmt)
         other_s = f(row["other_tokens_per_s"], ",.0f") if bo else "failed: " + err[:60]
         table.append((s, f"{other} {row['other_version'] or ''}".strip(),
                       f(row["ptd_tokens_per_s"], ",.0f"), other_s, f(row["ptd_over_other"], ".2f"),

@@ -18,3 +18,24 @@ def ptd_cli(capsys):
         return rc, out, err
 
     return run
+
+
+def forbid_processes(monkeypatch, start_workers=None):
+    """Fail the test if anything starts a worker, a torchrun or any subprocess; with
+    ``start_workers``, calls to the launcher go there instead (to record them)."""
+    import subprocess
+
+    import ptd.runtime.launch as launch
+
+    def boom(*a, **k):
+        raise AssertionError("a worker or a process was started")
+    monkeypatch.setattr(launch, "start_workers", start_workers or boom)
+    monkeypatch.setattr(subprocess, "run", boom)
+    monkeypatch.setattr(subprocess, "Popen", boom)
+
+
+@pytest.fixture
+def no_workers(monkeypatch, tmp_path):
+    """Nothing may start a process; ptd's home is a fresh folder."""
+    forbid_processes(monkeypatch)
+    monkeypatch.setenv("PTD_HOME", str(tmp_path / "cache"))

@@ -9,13 +9,12 @@ writes the checkpoints the tests copy and damage.
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-import ptd.runtime.launch as launch
+from conftest import forbid_processes
 from ptd.cli import main
 from ptd.errors import PtdError
 from ptd.runtime.checkpoint import restore, store
@@ -200,11 +199,8 @@ def test_temporary_and_unmarked_folders_are_never_candidates_and_prune_keeps_n(r
 # ----------------------------------------------------------------- refusals before any worker
 @pytest.fixture
 def no_workers(monkeypatch):
-    def boom(*a, **k):
-        raise AssertionError("a worker was started")
-    monkeypatch.setattr(launch, "start_workers", boom)
-    monkeypatch.setattr(subprocess, "run", boom)
-    monkeypatch.setattr(subprocess, "Popen", boom)
+    """conftest's, without a fresh ptd home: these runs read the module's own."""
+    forbid_processes(monkeypatch)
 
 
 @pytest.mark.timeout(60)

@@ -7,14 +7,13 @@ an output folder for refused input. The same for ``ptd estimate`` (plans) and ``
 import math
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-import ptd.runtime.launch as launch
+from conftest import forbid_processes
 from ptd.cli import main
 from ptd.specs import ParallelPlan, TrainConfig
 from ptd.specs.tomlio import dumps
@@ -50,12 +49,7 @@ class Starts:
 def starts(monkeypatch, world):
     base, _ = world
     s = Starts()
-
-    def boom(*a, **k):
-        raise AssertionError("a process was started")
-    monkeypatch.setattr(launch, "start_workers", s)
-    monkeypatch.setattr(subprocess, "run", boom)
-    monkeypatch.setattr(subprocess, "Popen", boom)
+    forbid_processes(monkeypatch, start_workers=s)
     monkeypatch.setenv("PTD_HOME", str(base / "home"))
     return s
 

@@ -1,23 +1,9 @@
 """ptd train before any worker: flags, config resolution, and one-line refusals."""
 
-import subprocess
-
 import pytest
 
-import ptd.runtime.launch as launch
 from ptd.specs import load_config
 from ptd.specs.tomlio import dumps
-
-
-@pytest.fixture
-def no_workers(monkeypatch, tmp_path):
-    """Fail the test if anything tries to start a worker or a torchrun."""
-    def boom(*a, **k):
-        raise AssertionError("a worker was started")
-    monkeypatch.setattr(launch, "start_workers", boom)
-    monkeypatch.setattr(subprocess, "run", boom)
-    monkeypatch.setattr(subprocess, "Popen", boom)
-    monkeypatch.setenv("PTD_HOME", str(tmp_path / "cache"))
 
 
 # Every ParallelPlan validation error of the specs (tests/test_specs.py), as a [plan] table.

@@ -127,19 +127,7 @@ def test_bf16_recompute_on_3d_mesh_trains(home, tmp_path):
 
 
 # ------------------------------------------------------------------ refusals (no worker)
-@pytest.fixture
-def no_workers(monkeypatch, tmp_path):
-    import subprocess
-    import ptd.runtime.launch as launch
-
-    def boom(*a, **k):
-        raise AssertionError("a worker was started")
-    monkeypatch.setattr(launch, "start_workers", boom)
-    monkeypatch.setattr(subprocess, "run", boom)
-    monkeypatch.setattr(subprocess, "Popen", boom)
-    monkeypatch.setenv("PTD_HOME", str(tmp_path / "cache"))
-
-
+# (the no_workers fixture is in conftest.py)
 @pytest.mark.parametrize("flags,match", [
     (["--model", "tiny-gpt", "--nproc", "2", "--pp", "2"], "tied embeddings with pp > 1"),
     (["--model", "tiny-gpt", "--nproc", "2", "--tp", "2", "--sp"], "sequence parallel needs RoPE"),

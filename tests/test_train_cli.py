@@ -25,7 +25,7 @@ PLAN_ERRORS = [
     ({"dtype": "fp64"}, [], "dtype must be"),
     ({"micro_batch": 0}, [], "positive integer"),
     ({"seq_len": 100000}, [], "exceeds"),
-    ({"offload": True}, [], "offload needs zero 2 or 3"),
+    ({"offload": True}, [], "offload needs zero 3"),
     ({"zero": 1, "grad_compression": "fp16"}, [], "DDP only"),
 ]
 BASE_PLAN = {"dp": 1, "tp": 1, "pp": 1, "micro_batch": 1, "global_batch": 8, "seq_len": 128}

@@ -95,7 +95,8 @@ def test_loss_parity_with_single_process(reference, home, tmp_path, zero):
         assert summary["world_size"] == 2 and summary["plan"]["zero"] == zero
         assert summary["runtime_params"] == summary["param_count"]
         # parameters, gradients and optimizer states counted from the tensors on each rank
-        # are the cost model's per-rank numbers exactly (ZeRO-2 shards parameters too)
+        # are the cost model's per-rank numbers exactly (ZeRO-2: gradients of owned
+        # parameters only)
         assert summary["measured"]["memory"]["model_states_equal_per_rank"] is True
 
 

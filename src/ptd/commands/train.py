@@ -56,7 +56,7 @@ def add(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute", choices=("none", "selective", "full"), help="activation checkpointing")
     g.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), help="compute precision")
     g.add_argument("--offload", action="store_true", default=None,
-                   help="keep sharded states in host memory (zero 2/3)")
+                   help="keep sharded states in host memory (zero 3)")
     g.add_argument("--grad-compression", choices=("none", "fp16", "powersgd"),
                    help="DDP gradient compression hook (lossy)")
     o = p.add_argument_group("run")

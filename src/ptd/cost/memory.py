@@ -10,10 +10,9 @@
   fp32 training both conventions are 4 + 4 + 8.
 
 Stage 1 shards optimizer states over ``dp``, stage 2 also gradients, stage 3 also
-parameters. ptd's stage 2 (FSDP2 without resharding after forward) shards parameters between
-steps as well and holds them gathered from each block's forward to its backward (counted in
-buffers); ``"zero"`` keeps the paper's replicated stage-2 parameters. Counts are exact per
-rank (see :mod:`ptd.cost.params`).
+parameters. ptd's stages 1 and 2 partition whole parameters (``ZeroRedundancyOptimizer``'s
+greedy split, so a rank's share is only about 1/dp); stage 3 (FSDP2) shards every
+parameter's dim 0. Counts are exact per rank (see :mod:`ptd.cost.params`).
 
 **Activations** generalise Korthikanti et al. 2022 (arXiv 2205.05198, section 4): the bytes
 each block keeps for backward, tensor by tensor, with ``a_b`` bytes per activation element,
@@ -54,6 +53,7 @@ from ..specs.plan import ParallelPlan
 from . import params as P
 
 Convention = Literal["ptd", "zero"]
+ZERO2_BUCKET_BYTES = 25 * 1024 * 1024  # ptd.runtime.parallel.zero2.BUCKET_BYTES
 AttentionKind = Literal["flash", "scores"]
 
 
@@ -115,16 +115,12 @@ def model_state_elements(model: ModelSpec, plan: ParallelPlan, pp_rank: int,
     """Exact element counts on one rank (``tp`` ranks are alike up to replicated tensors,
     which every tp rank holds in full)."""
     full = P.local_numel(model, plan, pp_rank)
-    if plan.zero >= 2:
+    if plan.zero >= 3:
         sharded = P.rank_fsdp_numel(model, plan, pp_rank, dp_rank)
-    if plan.zero >= 2:
-        # ptd's ZeRO-2 is FSDP2 without resharding after forward: between steps the
-        # parameters are shards too; the gathered copy held from forward to backward is
-        # counted in buffers (buffer_bytes). The ZeRO paper's stage 2 keeps them whole:
-        # model_state_bytes(convention="zero") counts that.
         return ModelStates(sharded, sharded, sharded)
-    if plan.zero == 1:
-        return ModelStates(full, full, P.rank_zero1_numel(model, plan, pp_rank)[dp_rank])
+    if plan.zero in (1, 2):
+        owned = P.rank_zero1_numel(model, plan, pp_rank)[dp_rank]
+        return ModelStates(full, owned if plan.zero == 2 else full, owned)
     return ModelStates(full, full, full)
 
 
@@ -141,12 +137,13 @@ def _max_state_elements(model: ModelSpec, key: tuple) -> ModelStates:
         if sig in seen:  # holds the same tensors as an earlier rank, which won any tie
             continue
         seen.add(sig)
-        if plan.zero == 1:  # every dp rank: ZeroRedundancyOptimizer's shares differ
+        if plan.zero in (1, 2):  # every dp rank: ZeroRedundancyOptimizer's shares differ
             full = P.local_numel(model, plan, r)
             for o in P.rank_zero1_numel(model, plan, r):
-                k = full + full + 2.0 * o
+                g = o if plan.zero == 2 else full
+                k = full + g + 2.0 * o
                 if k > best_key:
-                    best, best_key = ModelStates(full, full, o), k
+                    best, best_key = ModelStates(full, g, o), k
             continue
         e = model_state_elements(model, plan, r, 0)  # torch.chunk gives rank 0 the most
         k = e.params + e.grads + 2.0 * e.optimizer
@@ -164,11 +161,7 @@ def model_state_bytes(model: ModelSpec, plan: ParallelPlan, convention: Conventi
         e = _max_state_elements(model, (P.layout_key(plan), plan.tp, plan.dp, plan.zero))
     else:
         e = model_state_elements(model, plan, pp_rank, dp_rank)  # type: ignore[arg-type]
-    params: float = e.params
-    if plan.zero == 2 and convention == "zero":
-        # the paper's stage 2 replicates the (fp16) parameters; ptd's shards them (see above)
-        params = P.max_local_numel(model, plan) if worst else P.local_numel(model, plan, pp_rank)  # type: ignore[arg-type]
-    return params * pb, e.grads * gb, e.optimizer * ob
+    return e.params * pb, e.grads * gb, e.optimizer * ob
 
 
 def zero_paper_model_states(n_params: float, dp: int, stage: int, k: int = 12) -> float:
@@ -323,8 +316,9 @@ def buffer_bytes(model: ModelSpec, plan: ParallelPlan, pp_rank: int = 0) -> floa
       kept alive by backward): ``2 x`` local parameters;
     * ZeRO-3: two gathered blocks (the one computing and the one prefetched) in the
       compute dtype, plus one block's unsharded fp32 gradient before reduce-scatter;
-    * ZeRO-2 (no resharding after forward): every local block stays gathered from its
-      forward to its backward, in the compute dtype;
+    * ZeRO-2 (:mod:`ptd.runtime.parallel.zero2`): two 25 MiB buckets in flight and one
+      being filled (fp32); with tp > 1 or pp > 1 the reduction starts after the backward,
+      so every local gradient exists then (fp32, beside the owned share);
     * pipeline: one activation send and one receive buffer per neighbour;
     * DDP buckets are views of the gradients (``gradient_as_bucket_view``): no extra copy.
     """
@@ -334,10 +328,13 @@ def buffer_bytes(model: ModelSpec, plan: ParallelPlan, pp_rank: int = 0) -> floa
     total = 0.0
     if plan.zero == 3:
         total += 2 * block * ab + block * 4
-    elif plan.zero == 2:
-        total += local * ab + block * 4
-    elif ab < 4:
-        total += local * ab
+    else:
+        if plan.zero == 2 and plan.dp > 1:
+            total += 3 * min(ZERO2_BUCKET_BYTES, local * 4)
+            if plan.tp > 1 or plan.pp > 1:
+                total += local * 4
+        if ab < 4:
+            total += local * ab
     if plan.pp > 1:
         act = ab * plan.seq_len * plan.micro_batch * model.hidden / (plan.tp if plan.sp else 1)
         total += 4 * act

@@ -233,13 +233,20 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
             dp_exposed = max(last_bucket, t_ar - bwd_window)
             if plan.zero == 1:  # ZeroRedundancyOptimizer broadcasts updated shards
                 opt_comm = _coll("all_gather", local * 4, dp_n, hw, dp_nodes, dp_per)
+        elif plan.zero == 2:
+            # runtime/parallel/zero2.py: one reduce-scatter of all gradients after the
+            # backward (not overlapped; an all-reduce on gloo, which runs it faster), then
+            # ZeRO-1's broadcasts of the updated parameters
+            rs_kind = "all_reduce" if hw.kind == "cpu" else "reduce_scatter"
+            dp_total = dp_exposed = _coll(rs_kind, grad_bytes, dp_n, hw, dp_nodes, dp_per)
+            opt_comm = _coll("all_gather", local * 4, dp_n, hw, dp_nodes, dp_per)
         else:
             ag_block = _coll("all_gather", block_params * ab, dp_n, hw, dp_nodes, dp_per)
             # on a CPU (gloo) ptd reduces FSDP's gradients with an all-reduce, which gloo runs
             # faster than its reduce-scatter (runtime/parallel/fsdp.py, AllReduceScatter)
             rs_kind = "all_reduce" if hw.kind == "cpu" else "reduce_scatter"
             rs_block = _coll(rs_kind, block_params * 4, dp_n, hw, dp_nodes, dp_per)
-            gathers = m * nl * (2 if plan.zero == 3 else 1)  # ZeRO-3 gathers again for backward
+            gathers = 2 * m * nl  # ZeRO-3 gathers again for the backward
             dp_total = gathers * ag_block + nl * rs_block
             blk_f = blk.forward + 2 * ar
             blk_b = blk.backward + blk.recompute(plan.recompute, recompute_early_stop) + 2 * ar
@@ -247,17 +254,16 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
                 blk_f = blk_b = 0.0
             hidden_ag = max(0.0, ag_block - blk_f)  # prefetch one block ahead
             exposed_ag = m * (ag_block + (nl - 1) * hidden_ag)
-            if plan.zero == 3:
-                exposed_ag += m * nl * max(0.0, ag_block - blk_b)
+            exposed_ag += m * nl * max(0.0, ag_block - blk_b)
             exposed_rs = rs_block + (nl - 1) * max(0.0, rs_block - blk_b)
             dp_exposed = exposed_ag + exposed_rs
 
     opt_params = local / dp_n if plan.zero >= 1 else local
     n_tensors = len(P.layer_params(model)) * nl + 4
-    dtensor_params = plan.tp > 1 or plan.zero >= 2
+    dtensor_params = plan.tp > 1 or plan.zero >= 3
     per_tensor = cluster.overhead("optimizer_tensor_dtensor" if dtensor_params else "optimizer_tensor")
     optimizer = C.optimizer_time(opt_params, n_tensors, hw, plan.offload, bw, ovh, per_tensor) + opt_comm
-    if plan.tp > 1 and plan.sp and plan.zero < 2:
+    if plan.tp > 1 and plan.sp and plan.zero < 3:
         # the norms' partial gradients, summed over tp once per step (one small all-reduce each)
         n_norms = (2 * nl + 1) if model.norm == "rmsnorm" else (4 * nl + 2)
         tp_step = n_norms * (_coll("all_reduce", 4 * model.hidden, tp_n, hw, tp_nodes, tp_per)

@@ -61,7 +61,7 @@ DP_BATCH = "dp does not divide the global batch"
 UNEVEN = "layers not divisible by pp*vpp (uneven stages not allowed)"
 SP_SEQ = "sequence parallel needs seq_len divisible by tp"
 FEW_MICROBATCHES = "fewer micro-batches than pipeline stages"
-OFFLOAD_ZERO = "offload needs ZeRO 2 or 3"
+OFFLOAD_ZERO = "offload needs ZeRO 3"
 COMPRESSION_ZERO = "gradient compression needs ZeRO 0"
 NO_FIT = "does not fit in memory"
 
@@ -316,7 +316,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: i
                             note(SP_SEQ, len(zeros) * len(rcs), dict(mdims, sp=sp))
                             continue
                         for zero in zeros:
-                            if offload and zero < 2:
+                            if offload and zero < 3:
                                 res.plans_rejected[OFFLOAD_ZERO] += len(rcs)
                                 note(OFFLOAD_ZERO, len(rcs), dict(mdims, sp=sp, zero=zero))
                                 continue

@@ -39,7 +39,7 @@ class CollectiveTimeout(RuntimeError):
 def describe_phase(phase: str, plan: ParallelPlan) -> str:
     """What collective a phase waits in, for the plan at hand."""
     grads = {0: "DDP gradient all-reduce", 1: "DDP gradient all-reduce",
-             2: "FSDP all-gather / reduce-scatter", 3: "FSDP all-gather / reduce-scatter"}[plan.zero]
+             2: "ZeRO-2 gradient reduce-scatter", 3: "FSDP all-gather / reduce-scatter"}[plan.zero]
     if plan.tp > 1:
         grads += " and tensor-parallel collectives"
     if plan.pp > 1:
@@ -51,7 +51,7 @@ def describe_phase(phase: str, plan: ParallelPlan) -> str:
         "forward_backward": f"{grads} (forward_backward)",
         "global_loss": "all-reduce of the step's loss (global_loss)",
         "clip_gradients": "all-reduce of the gradient norm (clip_gradients)",
-        "optimizer_step": ("ZeRO-1 parameter broadcast (optimizer_step)" if plan.zero == 1
+        "optimizer_step": (f"ZeRO-{plan.zero} parameter broadcast (optimizer_step)" if plan.zero in (1, 2)
                            else "optimizer step"),
         "evaluate": "all-reduce of the validation loss (evaluate)",
         "checkpoint_save": "checkpoint save (plan exchange, barrier)",

@@ -42,11 +42,11 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, *, zero: int,
                     dp_group: dist.ProcessGroup | None = None) -> torch.optim.Optimizer:
-    """AdamW with fp32 states; ZeRO-1 shards them over ``dp_group``. (Under FSDP the
-    parameters are already shards, so plain AdamW keeps sharded states: ZeRO-2/3.)"""
+    """AdamW with fp32 states; ZeRO-1 and ZeRO-2 shard them over ``dp_group``. (Under FSDP
+    the parameters are already shards, so plain AdamW keeps sharded states: ZeRO-3.)"""
     groups = param_groups(model, cfg.weight_decay)
     kw = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
-    if zero == 1:
+    if zero in (1, 2):  # ZeRO-2 is ZeRO-1's optimizer plus parallel.zero2.ReduceToOwner
         from .parallel.ddp import zero1_optimizer
         return zero1_optimizer(groups, dp_group, **kw)
     return torch.optim.AdamW(groups, **kw)

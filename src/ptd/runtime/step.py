@@ -186,16 +186,17 @@ def _chain(hooks: list[Callable[[], None]]) -> GradSync:
 
 
 def make_runner(model: nn.Module, stage_modules: Sequence[nn.Module], stage_ids: Sequence[int],
-                dims: Any, precision: Precision) -> StepRunner:
+                dims: Any, precision: Precision,
+                optimizer: torch.optim.Optimizer | None = None) -> StepRunner:
     """The runner for ``dims.plan``: a pipeline schedule when pp > 1, else accumulation.
     ``stage_modules``/``stage_ids``: this rank's pipeline stages (see ``parallel.pp``)."""
     from .parallel.ddp import dp_grad_sync
     from .parallel.tp import AlignTPGrads
     plan = dims.plan
     hooks: list[Callable[[], None]] = []
-    if plan.tp > 1 and plan.zero < 2:  # (FSDP reduces tp-partial gradients itself)
+    if plan.tp > 1 and plan.zero < 3:  # (FSDP reduces tp-partial gradients itself)
         hooks.append(AlignTPGrads(list(model.parameters())))
-    dp_sync = dp_grad_sync(model, plan, dims.group("dp"))
+    dp_sync = dp_grad_sync(model, plan, dims.group("dp"), optimizer)
     if dp_sync is not None:
         hooks.append(dp_sync)
     sync = _chain(hooks)

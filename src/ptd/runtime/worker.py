@@ -75,14 +75,15 @@ def build_trainer(cfg: TrainConfig, dims: ParallelDims) -> Trainer:
     model, stage_modules, stage_ids = split_model(build_model(cfg.model), plan, dims.coords["pp"])
     model = parallelize(model, plan, dims, seed=cfg.seed, compile=cfg.compile, roots=stage_modules)
     optimizer = build_optimizer(model, cfg.optim, zero=plan.zero, dp_group=dims.group("dp"))
-    precision = Precision(plan.dtype, dims.device, fsdp=plan.zero >= 2, group=dims.group("dp"))
+    precision = Precision(plan.dtype, dims.device, fsdp=plan.zero >= 3, group=dims.group("dp"),
+                          sharded_grads=plan.zero >= 2)
     train, val = open_stream(Sources.resolve(cfg.data)).split(cfg.data.val_fraction)
     common = dict(seq_len=plan.seq_len, global_batch=plan.global_batch, micro_batch=plan.micro_batch,
                   dp_rank=dims.dp_rank, dp_size=dims.dp_size, device=dims.device)
     loader = DataLoader(train, seed=cfg.seed, **common)
     val_batches = eval_batches(val, **common) if cfg.eval_every else []
     log = RunLog(cfg.out, cfg.steps, enabled=dims.is_main, tensorboard=cfg.tensorboard)
-    runner = make_runner(model, stage_modules, stage_ids, dims, precision)
+    runner = make_runner(model, stage_modules, stage_ids, dims, precision, optimizer)
     return Trainer(cfg, dims, model, runner, optimizer, precision, loader, log, val_batches,
                    FaultInjector(dims.rank))
 

@@ -56,7 +56,8 @@ class ParallelPlan:
     dtype: Dtype = "fp32"
     """Compute dtype; bf16/fp16 keep fp32 master weights and optimizer states."""
     offload: bool = False
-    """Optimizer states (and with ZeRO-3 parameters) kept in host memory (FSDP CPU offload)."""
+    """Parameters, gradients and optimizer states kept in host memory, the optimizer step
+    run there (FSDP CPU offload; ZeRO-3 only)."""
     grad_compression: GradCompression = "none"
     """DDP gradient-communication hook: none, fp16 (halves bytes), powersgd (low rank)."""
     uneven_stages: bool = False
@@ -156,8 +157,8 @@ class ParallelPlan:
                                f"step, got global_batch/(micro_batch*dp) = {self.n_microbatches}")
         if self.grad_compression != "none" and self.zero != 0:
             raise PtdError("gradient compression hooks apply to DDP only (zero 0)")
-        if self.offload and self.zero < 2:
-            raise PtdError("offload needs zero 2 or 3 (it uses FSDP's CPU offload)")
+        if self.offload and self.zero < 3:
+            raise PtdError("offload needs zero 3 (it uses FSDP's CPU offload)")
         if model is not None:
             self._validate_against(model)
 

@@ -4,17 +4,20 @@ Each ``apply_*`` takes the model, its mesh (or group) and the plan, torchtitan s
 
 * :mod:`.tp`: tensor/sequence parallelism on the ``tp`` sub-mesh;
 * :mod:`.recompute`: activation checkpointing and ``torch.compile`` per block;
-* :mod:`.fsdp`: ZeRO-2/3 on the ``dp`` sub-mesh;
+* :mod:`.fsdp`: ZeRO-3 on the ``dp`` sub-mesh;
 * :mod:`.ddp`: DDP and ZeRO-1 on the ``dp`` group, gradient compression hooks, and the
   explicit gradient average of model-parallel layouts (DDP cannot wrap DTensors);
+* :mod:`.zero2`: ZeRO-2's gradient reduction to the owning rank (no wrapper: the runner
+  calls it after the backward, the optimizer is ZeRO-1's);
 * :mod:`.pp`: prunes the model to this rank's pipeline stages *before* :func:`parallelize`
   runs on it, and builds the schedule.
 
 Order matters: tensor parallelism first (it turns parameters into DTensors that FSDP then
 shards along another mesh axis), then checkpointing and compile (they act on the blocks'
 forward), then FSDP (which must see the final blocks), then materialisation -- FSDP can
-shard a meta model, DDP cannot -- and DDP last (only for pure data parallelism: with
-tp > 1 or pp > 1 the runner averages gradients over dp itself, see ``GradAllReduce``).
+shard a meta model, DDP cannot -- and DDP last (only for pure data parallelism with zero
+0/1: with tp > 1 or pp > 1, and under ZeRO-2, the runner reduces gradients over dp itself,
+see ``GradAllReduce`` and ``ReduceToOwner``).
 """
 
 from __future__ import annotations
@@ -49,13 +52,13 @@ def parallelize(model: nn.Module, plan: ParallelPlan, dims: ParallelDims, *, see
         apply_recompute(model, plan.recompute)
     if compile:
         apply_compile(model)
-    if plan.zero >= 2:
+    if plan.zero >= 3:
         apply_fsdp(model, dims.submesh("dp"), plan, dims.device, roots=roots)
         init_device = torch.device("cpu") if plan.offload else dims.device
         return materialize(model, init_device, seed, roots=roots)
     materialize(model, dims.device, seed)
-    if plan.tp > 1 or plan.pp > 1:
-        return model  # gradients averaged over dp by the runner (ddp.GradAllReduce)
+    if plan.tp > 1 or plan.pp > 1 or plan.zero == 2:
+        return model  # gradients reduced over dp by the runner (GradAllReduce, ReduceToOwner)
     return apply_ddp(model, dims.group("dp"), plan, dims.device)
 
 
@@ -80,6 +83,12 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
             yield
         finally:
             model.set_requires_gradient_sync(True)
+    elif (reducer := getattr(model, "ptd_grad_reducer", None)) is not None:  # ZeRO-2
+        reducer.enabled = False
+        try:
+            yield
+        finally:
+            reducer.enabled = True
     else:
         yield
 

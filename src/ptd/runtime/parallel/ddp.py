@@ -117,10 +117,16 @@ class GradAllReduce:
                 g.copy_(reduced)
 
 
-def dp_grad_sync(model: nn.Module, plan: ParallelPlan, group: ProcessGroup
-                 ) -> GradAllReduce | None:
-    """The explicit gradient average the runner must do, or None when DDP/FSDP do it (or
-    there is one replica)."""
-    if plan.dp == 1 or plan.zero >= 2 or (plan.tp == 1 and plan.pp == 1):
+def dp_grad_sync(model: nn.Module, plan: ParallelPlan, group: ProcessGroup,
+                 optimizer: torch.optim.Optimizer | None = None) -> Any:
+    """The explicit gradient reduction the runner must do, or None when DDP/FSDP do it (or
+    there is one replica). ZeRO-2 needs the optimizer: its partition says who owns what."""
+    if plan.dp == 1 or plan.zero >= 3:
+        return None
+    if plan.zero == 2:
+        from .zero2 import ReduceToOwner
+        assert optimizer is not None, "ZeRO-2's gradient reduction needs the optimizer"
+        return ReduceToOwner(optimizer, group, model, overlap=plan.tp == 1 and plan.pp == 1)
+    if plan.tp == 1 and plan.pp == 1:
         return None
     return GradAllReduce([p for p in model.parameters() if p.requires_grad], group, plan.dp)

@@ -1,15 +1,12 @@
-"""ZeRO-2 and ZeRO-3 with FSDP2 (``fully_shard``).
+"""ZeRO-3 with FSDP2 (``fully_shard``). (ZeRO-2 is :mod:`.zero2`.)
 
 Each transformer block is one FSDP unit (its parameters all-gathered together just
 before use), then the root takes what is left (embeddings, final norm, output layer).
 Parameters become ``DTensor`` shards (``Shard(0)``) on the data-parallel mesh; gradients
 are reduce-scattered, so every rank keeps 1/dp of parameters, gradients and AdamW states.
 
-* ZeRO-3 (``zero = 3``): ``reshard_after_forward=True`` -- blocks are freed after the
-  forward and gathered again for the backward (one extra all-gather, least memory).
-* ZeRO-2 (``zero = 2``): ``reshard_after_forward=False`` -- the gathered parameters stay
-  from forward to backward (no second all-gather; parameter memory as in ZeRO-1 between
-  the two passes); gradients and optimizer states are sharded.
+``reshard_after_forward=True``: blocks are freed after the forward and gathered again for
+the backward (one extra all-gather, least memory).
 
 Gradient accumulation turns gradient synchronisation off for all but the last micro-step
 (``set_requires_gradient_sync(False)``, see :mod:`ptd.runtime.step`): fewer
@@ -57,10 +54,9 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, plan: ParallelPlan, device
         mp = MixedPrecisionPolicy(param_dtype=DTYPES[plan.dtype], reduce_dtype=torch.float32)
     offload: OffloadPolicy = (CPUOffloadPolicy(pin_memory=device.type == "cuda") if plan.offload
                               else OffloadPolicy())
-    reshard = plan.zero >= 3
     units = [*model.layers.values(), *(roots or [model])]
     for unit in units:
-        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
+        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=True, mp_policy=mp,
                     offload_policy=offload)
     if dist.get_backend(dp_mesh.get_group()) == "gloo":
         for unit in units:

@@ -310,3 +310,19 @@ def test_blocking_collective_wait_is_paid_once_per_tensor_parallel_collective():
     dp = ParallelPlan(dp=2, micro_batch=2, global_batch=4, seq_len=64, dtype="fp32")
     assert step_time(model, dp, ClusterSpec(preset, 2)).total == \
         step_time(model, dp, ClusterSpec(cpu, 2)).total
+
+
+def test_zero2_reduction_hides_behind_backward_only_without_tp_and_pp():
+    """runtime/parallel/zero2.py launches its buckets from the gradient hooks when neither
+    tp nor pp is on: then, as DDP's, only what does not fit behind the last backward is
+    exposed. With tp (or pp) all of the reduction waits for the end of the backward."""
+    from ptd.cost.step import step_time
+    model = get_preset("gpt2")
+    a100 = ClusterSpec(load_hardware("a100-80g"), 16)
+    plain = ParallelPlan(dp=16, zero=2, micro_batch=4, global_batch=64, seq_len=1024)
+    st = step_time(model, plain, a100)
+    assert 0 < st.dp_comm_exposed < st.dp_comm_total
+    assert step_time(model, plain, a100, dp_overlap=False).dp_comm_exposed == st.dp_comm_total
+    with_tp = plain.replace(dp=8, tp=2, global_batch=32)
+    st = step_time(model, with_tp, a100)
+    assert st.dp_comm_exposed == st.dp_comm_total > 0

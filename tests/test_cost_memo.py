@@ -56,8 +56,10 @@ def test_model_states_per_rank_match_the_plain_sharding():
             for d in range(p.dp):
                 e = M.model_state_elements(m, p, r, d)
                 sharded = P.fsdp_numel(shapes, p.dp, d)
+                # ZeRO-2 keeps whole parameters but only the owned share of gradients
+                # (ZeRO-1's partition); ZeRO-3 shards everything the FSDP way
                 want = {0: (full, full, full), 1: (full, full, z1[d]),
-                        2: (sharded, sharded, sharded), 3: (sharded, sharded, sharded)}[p.zero]
+                        2: (full, z1[d], z1[d]), 3: (sharded, sharded, sharded)}[p.zero]
                 assert (e.params, e.grads, e.optimizer) == want
 
 

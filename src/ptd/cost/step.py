@@ -19,7 +19,7 @@ backward (with sequence parallelism each becomes an all-gather plus a reduce-sca
 same bytes), repeated by full recomputation.
 
 Data-parallel gradient reduction overlaps backward: DDP reduces buckets as gradients become
-ready, FSDP reduce-scatters each block's gradients while the previous block computes, and
+ready (ZeRO-2 likewise, reducing each bucket to its owner), FSDP reduce-scatters each block's gradients while the previous block computes, and
 prefetches each block's parameters (ZeRO-3) one block ahead. Exposed is what does not fit
 behind the last micro-batch's backward, and never less than the last bucket or block.
 With ``dp_overlap=False`` (frameworks that reduce after backward) all of it is exposed.
@@ -36,6 +36,7 @@ from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
 from . import compute as C
 from . import params as P
+from .memory import ZERO2_BUCKET_BYTES
 from .comm import collective_time
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
@@ -234,11 +235,20 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
             if plan.zero == 1:  # ZeroRedundancyOptimizer broadcasts updated shards
                 opt_comm = _coll("all_gather", local * 4, dp_n, hw, dp_nodes, dp_per)
         elif plan.zero == 2:
-            # runtime/parallel/zero2.py: one reduce-scatter of all gradients after the
-            # backward (not overlapped; an all-reduce on gloo, which runs it faster), then
-            # ZeRO-1's broadcasts of the updated parameters
+            # runtime/parallel/zero2.py: gradients reduce-scattered to their owners in
+            # 25 MiB buckets (an all-reduce on gloo, which runs it faster), then ZeRO-1's
+            # broadcasts of the updated parameters. Without tp or pp the buckets leave from
+            # the gradient hooks and hide behind the last backward as DDP's do; with tp or
+            # pp a gradient may still change after its hook fires, so all of it waits for
+            # the end of the backward.
             rs_kind = "all_reduce" if hw.kind == "cpu" else "reduce_scatter"
-            dp_total = dp_exposed = _coll(rs_kind, grad_bytes, dp_n, hw, dp_nodes, dp_per)
+            t_rs = _coll(rs_kind, grad_bytes, dp_n, hw, dp_nodes, dp_per)
+            dp_total = t_rs
+            if plan.tp == 1 and plan.pp == 1:
+                last_bucket = t_rs * min(1.0, ZERO2_BUCKET_BYTES / grad_bytes)
+                dp_exposed = max(last_bucket, t_rs - bwd_window)
+            else:
+                dp_exposed = t_rs
             opt_comm = _coll("all_gather", local * 4, dp_n, hw, dp_nodes, dp_per)
         else:
             ag_block = _coll("all_gather", block_params * ab, dp_n, hw, dp_nodes, dp_per)

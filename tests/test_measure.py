@@ -97,6 +97,60 @@ def test_activation_tracker_peak_of_saved_tensors():
     del b, c
 
 
+# ----------------------------------------------------------------- spans from the profiler
+def reference_spans(events):
+    """Spans from torch's own ``FunctionEvent`` tree, the slow path ``kineto_spans`` replaces."""
+    out = []
+    for e in events:
+        depth, comm_anc, p = 0, False, e.cpu_parent
+        while p is not None:
+            depth += 1
+            comm_anc = comm_anc or comm_kind(p.name) is not None
+            p = p.cpu_parent
+        out.append(Span(e.name, int(e.thread), float(e.time_range.start),
+                        float(e.time_range.end), depth, comm_anc))
+    return out
+
+
+def _profile_small_steps(lin, group):
+    from torch.profiler import ProfilerActivity, profile, record_function
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            with record_function("ptd:step"):
+                with record_function("ptd:forward"):
+                    with record_function("ptd:forward"):  # only child of its namesake
+                        y = lin(torch.randn(8, 32)).relu()
+                with record_function("ptd:backward"):
+                    y.sum().backward()
+                with record_function("c10d::allreduce_"):
+                    lin.weight.grad.mul_(0.5)
+                    lin.weight.grad.add_(1.0)
+                torch.distributed.all_reduce(lin.bias.grad, group=group)
+    return prof
+
+
+def test_kineto_spans_equal_the_profiler_event_tree():
+    """Nested record_functions (an only child named as its parent is folded, as torch folds
+    it), a communication span with ops under it, and gloo's work on its own thread."""
+    import torch.distributed as dist
+
+    from ptd.runtime.measure.probe import kineto_spans
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        prof = _profile_small_steps(torch.nn.Linear(32, 32), dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()
+    key = lambda s: (s.thread, s.start, -s.end, s.name, s.depth, s.comm_ancestor)  # noqa: E731
+    fast = sorted(kineto_spans(prof), key=key)
+    want = sorted(reference_spans(prof.events()), key=key)
+    assert len(fast) > 40
+    assert len({s.thread for s in fast}) >= 2
+    assert any(s.comm_ancestor for s in fast) and max(s.depth for s in fast) >= 3
+    assert [s.name for s in fast].count("ptd:forward") == 2  # folded, one per step
+    assert fast == want
+
+
 # ----------------------------------------------------------------- real runs
 RUN_TIMEOUT = 180
 COMMON = ["--model", "tiny", "--steps", "6", "--global-batch", "8", "--seq-len", "64",

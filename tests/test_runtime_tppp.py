@@ -98,7 +98,7 @@ def _torch_accepts(plan):
 
 
 def test_schedule_checks_refuse_exactly_what_torch_refuses():
-    from ptd.runtime.parallel.pp import pp_problem
+    from ptd.runtime.limits import pp_problem
     model = load_model({"preset": "tiny", "n_layers": 12})
     checked = refused = 0
     for pp in (2, 3, 4):
@@ -124,12 +124,12 @@ def test_schedule_checks_refuse_exactly_what_torch_refuses():
     (ParallelPlan(pp=2, dtype="fp16"), "fp16"),
 ])
 def test_pipeline_problems(plan, match):
-    from ptd.runtime.parallel.pp import pp_problem
+    from ptd.runtime.limits import pp_problem
     assert match in pp_problem(get_preset("tiny"), plan)
 
 
 def test_pipeline_problems_of_model_and_compile():
-    from ptd.runtime.parallel.pp import pp_problem
+    from ptd.runtime.limits import pp_problem
     assert "tied embeddings" in pp_problem(get_preset("tiny-gpt"), ParallelPlan(pp=2))
     assert "compile" in pp_problem(get_preset("tiny"), ParallelPlan(pp=2, schedule="zero-bubble"),
                                    compile=True)
@@ -137,7 +137,7 @@ def test_pipeline_problems_of_model_and_compile():
 
 
 def test_tensor_parallel_problems():
-    from ptd.runtime.parallel.tp import tp_problem
+    from ptd.runtime.limits import tp_problem
     assert tp_problem(get_preset("tiny"), ParallelPlan(tp=2, sp=True, zero=1)) is None
     assert "RoPE" in tp_problem(get_preset("tiny-gpt"), ParallelPlan(tp=2, sp=True))
     assert tp_problem(get_preset("tiny-gpt"), ParallelPlan(tp=2)) is None

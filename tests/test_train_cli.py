@@ -90,3 +90,58 @@ def test_default_config_is_valid_for_four_workers(ptd_cli, no_workers, tmp_path)
     cfg, nproc = resolve(build_parser().parse_args(["train"]))
     assert nproc == 4 and cfg.model.name == "small" and cfg.plan.dtype == "fp32"
     cfg.validate(nproc)
+
+
+# ------------------------------------------------------------------ the launcher's own cost
+def _python(code, tmp_path):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PTD_HOME=str(tmp_path / "home"))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def test_launcher_checks_devices_without_torch_where_no_gpu_driver_is(tmp_path):
+    """Without a GPU driver torch cannot see a GPU, so the launcher of a multi-worker run
+    (which hands everything to workers that import torch anyway) does not import it."""
+    out = tmp_path / "run"
+    r = _python(f"""
+import sys
+from ptd.runtime import launch
+launch._GPU_DRIVER_FILES = ("{tmp_path}/no-such-driver",)
+assert launch.gpu_count() == 0
+from ptd.cli import main
+assert main(["train", "--nproc", "4", "--dp", "2", "--tp", "2", "--global-batch", "8",
+             "--out", "{out}", "--dry-run"]) == 0
+assert "torch" not in sys.modules, "the launcher imported torch"
+""", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (out / "config.toml").is_file()
+
+
+def test_with_a_gpu_driver_the_launcher_asks_torch(tmp_path):
+    driver = tmp_path / "version"
+    driver.write_text("a driver")
+    r = _python(f"""
+import sys
+from ptd.runtime import launch
+launch._GPU_DRIVER_FILES = ("{driver}",)
+n = launch.gpu_count()
+import torch
+assert n == (torch.cuda.device_count() if torch.cuda.is_available() else 0), n
+print(n)
+""", tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
+def test_cpu_workers_are_forked_unless_torchrun_is_asked_for(monkeypatch):
+    from ptd.runtime import launch
+    monkeypatch.setattr(launch, "gpu_count", lambda: 0)
+    monkeypatch.delenv("PTD_LAUNCH", raising=False)
+    assert launch.fork_ok()
+    monkeypatch.setenv("PTD_LAUNCH", "torchrun")
+    assert not launch.fork_ok()
+    monkeypatch.delenv("PTD_LAUNCH")
+    monkeypatch.setattr(launch, "gpu_count", lambda: 8)
+    assert not launch.fork_ok()  # a forked CUDA context is unusable

@@ -141,9 +141,12 @@ def test_bf16_trains(reference, home, tmp_path, zero):
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 30)
-def test_crashing_worker_fails_the_run_with_its_error(home, tmp_path):
+@pytest.mark.parametrize("launch", ["fork", "torchrun"])
+def test_crashing_worker_fails_the_run_with_its_error(home, tmp_path, launch):
+    # fork: CPU workers forked from ptd train's own elastic agent (the default here);
+    # torchrun: fresh worker interpreters under a torchrun process (GPU hosts)
     r = train(tmp_path / "crash", "--nproc", "2", "--micro-batch", "4", home=home,
-              extra_env={"PTD_FAULT": "crash:rank=1:step=3"})
+              extra_env={"PTD_FAULT": "crash:rank=1:step=3", "PTD_LAUNCH": launch})
     assert r.returncode != 0
     assert "PTD_FAULT: injected crash on rank 1 at step 3" in r.stderr
     last = r.stderr.strip().splitlines()[-1]

@@ -57,6 +57,12 @@ class Block(nn.Module):
         return x + F.dropout(ffn, self.dropout, self.training)
 
 
+def _embedding(n: int, dim: int) -> nn.Embedding:
+    # Left uninitialised, as every weight here is until ptd.runtime.init fills it: on the meta
+    # device nn.Embedding's own normal_ imports torch._dynamo, ~2 s of CPU per worker (measured).
+    return nn.Embedding(n, dim, _weight=torch.empty(n, dim))
+
+
 class Transformer(nn.Module):
     """Token ids ``(b, s)`` -> logits ``(b, s, vocab)`` (or hidden states on a pipeline
     stage without the output layer)."""
@@ -64,17 +70,20 @@ class Transformer(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab_size, spec.hidden)
+        self.tok_embeddings: nn.Embedding | None = _embedding(spec.vocab_size, spec.hidden)
         self.pos_embeddings: nn.Embedding | None = (
-            nn.Embedding(spec.max_seq_len, spec.hidden) if spec.position == "learned" else None)
+            _embedding(spec.max_seq_len, spec.hidden) if spec.position == "learned" else None)
         self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.n_layers)})
         self.norm: nn.Module | None = make_norm(spec)
         self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
         if spec.position == "rope":
             # Not parameters: recomputed by init_buffers() after materialisation, never saved.
-            cos, sin = rope_tables(spec.head_dim, spec.max_seq_len, spec.rope_theta)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
+            # Not computed on the meta device: arange there imports torch._dynamo (~2 s).
+            shape = (spec.max_seq_len, spec.head_dim)
+            self.register_buffer("rope_cos", torch.empty(shape), persistent=False)
+            self.register_buffer("rope_sin", torch.empty(shape), persistent=False)
+            if self.rope_cos.device.type != "meta":
+                self.init_buffers()
         else:
             self.rope_cos = self.rope_sin = None
         self.tie_weights()

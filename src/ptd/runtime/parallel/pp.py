@@ -18,7 +18,7 @@ shares the rank model's modules (no copy) and runs only that stage's part of the
 The chunks, not the rank model, are what the schedule drives and what FSDP wraps as roots.
 
 **Schedules** (``plan.schedule``), with what torch 2.13 requires of the micro-batch count
-``m = global_batch / (micro_batch * dp)`` (checked by :func:`pp_problem` before any worker
+``m = global_batch / (micro_batch * dp)`` (checked by :func:`ptd.runtime.limits.pp_problem` before any worker
 starts):
 
 ==================  ==================================  ======================================
@@ -42,14 +42,10 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining.schedules import (Schedule1F1B, ScheduleGPipe,
-                                                    ScheduleInterleaved1F1B,
-                                                    ScheduleInterleavedZeroBubble,
-                                                    ScheduleZBVZeroBubble)
 
 from ...cost.params import stage_split, stage_to_rank
 from ...specs import ModelSpec, ParallelPlan
+from ..limits import schedule_name
 from ..model import Transformer
 
 
@@ -120,54 +116,26 @@ def split_model(model: Transformer, plan: ParallelPlan, pp_rank: int
 
 
 def schedule_class(plan: ParallelPlan) -> type:
-    if plan.schedule == "gpipe":
-        return ScheduleGPipe
-    if plan.schedule == "1f1b":
-        return Schedule1F1B
-    if plan.schedule == "interleaved-1f1b":
-        return ScheduleInterleaved1F1B
-    return ScheduleZBVZeroBubble if plan.stages_per_rank == 2 else ScheduleInterleavedZeroBubble
+    # imported here, not at the top: torch.distributed.pipelining pulls in torch._dynamo,
+    # ~2 s of CPU per worker that runs without a pipeline would pay for nothing
+    from torch.distributed.pipelining import schedules
+    return getattr(schedules, schedule_name(plan))
 
 
 def build_schedule(chunks: list[nn.Module], stage_ids: list[int], plan: ParallelPlan,
                    group: Any, device: torch.device,
                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-                   ) -> tuple[Any, list[PipelineStage]]:
-    """The schedule over this rank's stages, and the stages. ``loss_fn`` already divides by
-    the replica's tokens, so the schedule must not rescale gradients (``scale_grads=False``)."""
+                   ) -> tuple[Any, list[Any]]:
+    """The schedule over this rank's stages, and the ``PipelineStage``s. ``loss_fn`` already
+    divides by the replica's tokens, so the schedule must not rescale gradients
+    (``scale_grads=False``)."""
+    from torch.distributed.pipelining import PipelineStage, schedules
     stages = [PipelineStage(c, s, plan.n_stages, device, group=group)
               for c, s in zip(chunks, stage_ids)]
     cls = schedule_class(plan)
-    if cls in (ScheduleGPipe, Schedule1F1B):
+    if cls in (schedules.ScheduleGPipe, schedules.Schedule1F1B):
         return cls(stages[0], plan.n_microbatches, loss_fn=loss_fn, scale_grads=False), stages
     return cls(stages, plan.n_microbatches, loss_fn=loss_fn, scale_grads=False), stages
-
-
-def pp_problem(model: ModelSpec, plan: ParallelPlan, *, compile: bool = False) -> str | None:
-    """Why this runtime cannot run ``plan``'s pipeline, or None (see the module docstring;
-    layer counts and ``m >= pp`` are ``ParallelPlan.validate``'s)."""
-    if plan.pp == 1:
-        return None
-    m = plan.n_microbatches
-    cls = schedule_class(plan)
-    if cls in (ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble):
-        rounds = max(1, m // plan.pp)
-        if m % rounds:
-            return (f"{plan.schedule} ({cls.__name__}) needs the micro-batches per step "
-                    f"({m} = global_batch/(micro_batch*dp)) to be a multiple of "
-                    f"max(1, {m} // pp) = {rounds}; try {rounds * plan.pp} micro-batches")
-    if plan.zero == 3 and cls in (ScheduleZBVZeroBubble, ScheduleInterleavedZeroBubble):
-        return ("zero-bubble schedules with zero 3 lose weight gradients in torch 2.13 (FSDP "
-                "reshards between the input and the weight backward; measured): use zero 2 or "
-                "another schedule")
-    if model.tied_embeddings:
-        return (f"{model.name}: tied embeddings with pp > 1 would need the first and last "
-                f"stages to keep two copies in sync; untie them (tied_embeddings = false) or use pp = 1")
-    if plan.dtype == "fp16":
-        return "fp16 loss scaling is not wired into the pipeline schedules; use bf16 with pp > 1"
-    if compile and cls in (ScheduleZBVZeroBubble, ScheduleInterleavedZeroBubble):
-        return "zero-bubble schedules cannot run torch.compile'd blocks (torch 2.13); drop --compile"
-    return None
 
 
 class ForwardOnly:

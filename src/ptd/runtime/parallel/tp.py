@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
-from ...specs import ModelSpec, ParallelPlan
+from ...specs import ParallelPlan
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, plan: ParallelPlan) -> None:
@@ -77,17 +77,6 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, plan: ParallelPlan) -> None:
         parallelize_module(block, tp_mesh, layer)
     # parallelize_module replaced the embedding's parameter: a tied output layer follows it
     # again at materialisation (Transformer.tie_weights); both are Shard(0) over the vocabulary.
-
-
-def tp_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
-    """Why this runtime cannot run ``plan``'s tensor/sequence parallelism, or None.
-    (Divisibility of heads, kv heads, ffn and vocabulary is ``ParallelPlan.validate``'s.)"""
-    if plan.tp == 1:
-        return None
-    if plan.sp and model.position == "learned":
-        return (f"{model.name}: sequence parallel needs RoPE positions; learned position "
-                f"embeddings are added to the whole sequence (use --sp only with RoPE models)")
-    return None
 
 
 class AlignTPGrads:

@@ -1,0 +1,63 @@
+"""What this runtime cannot run, decided from the specs alone (no torch import).
+
+The launcher asks before any worker starts, so a plan the workers would refuse is one line
+and exit code 2 within a second, not after torchrun has started and every worker has
+imported torch (several seconds per worker on a small CPU). Divisibility and micro-batch
+counts are ``ParallelPlan.validate``'s; these are the runtime's own limits.
+"""
+
+from __future__ import annotations
+
+from ..specs import ModelSpec, ParallelPlan
+
+
+def schedule_name(plan: ParallelPlan) -> str:
+    """The ``torch.distributed.pipelining`` schedule class that runs ``plan.schedule``."""
+    if plan.schedule == "gpipe":
+        return "ScheduleGPipe"
+    if plan.schedule == "1f1b":
+        return "Schedule1F1B"
+    if plan.schedule == "interleaved-1f1b":
+        return "ScheduleInterleaved1F1B"
+    return "ScheduleZBVZeroBubble" if plan.stages_per_rank == 2 else "ScheduleInterleavedZeroBubble"
+
+
+ZERO_BUBBLE = ("ScheduleZBVZeroBubble", "ScheduleInterleavedZeroBubble")
+
+
+def pp_problem(model: ModelSpec, plan: ParallelPlan, *, compile: bool = False) -> str | None:
+    """Why this runtime cannot run ``plan``'s pipeline, or None (see
+    :mod:`ptd.runtime.parallel.pp`; layer counts and ``m >= pp`` are ``ParallelPlan.validate``'s)."""
+    if plan.pp == 1:
+        return None
+    m = plan.n_microbatches
+    name = schedule_name(plan)
+    if name in ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble"):
+        rounds = max(1, m // plan.pp)
+        if m % rounds:
+            return (f"{plan.schedule} ({name}) needs the micro-batches per step "
+                    f"({m} = global_batch/(micro_batch*dp)) to be a multiple of "
+                    f"max(1, {m} // pp) = {rounds}; try {rounds * plan.pp} micro-batches")
+    if plan.zero == 3 and name in ZERO_BUBBLE:
+        return ("zero-bubble schedules with zero 3 lose weight gradients in torch 2.13 (FSDP "
+                "reshards between the input and the weight backward; measured): use zero 2 or "
+                "another schedule")
+    if model.tied_embeddings:
+        return (f"{model.name}: tied embeddings with pp > 1 would need the first and last "
+                f"stages to keep two copies in sync; untie them (tied_embeddings = false) or use pp = 1")
+    if plan.dtype == "fp16":
+        return "fp16 loss scaling is not wired into the pipeline schedules; use bf16 with pp > 1"
+    if compile and name in ZERO_BUBBLE:
+        return "zero-bubble schedules cannot run torch.compile'd blocks (torch 2.13); drop --compile"
+    return None
+
+
+def tp_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
+    """Why this runtime cannot run ``plan``'s tensor/sequence parallelism, or None.
+    (Divisibility of heads, kv heads, ffn and vocabulary is ``ParallelPlan.validate``'s.)"""
+    if plan.tp == 1:
+        return None
+    if plan.sp and model.position == "learned":
+        return (f"{model.name}: sequence parallel needs RoPE positions; learned position "
+                f"embeddings are added to the whole sequence (use --sp only with RoPE models)")
+    return None

@@ -4,7 +4,6 @@ Run folders are written by hand in the structure of a real `ptd train` run (a dp
 run, trimmed to two ranks); one test makes a real 1-process run and reports on it.
 """
 
-import copy
 import json
 import math
 import os

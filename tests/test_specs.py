@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from ptd.errors import PtdError
-from ptd.specs import (ClusterSpec, ModelSpec, ParallelPlan, TrainConfig, config_from_dict,
+from ptd.specs import (ClusterSpec, ParallelPlan, TrainConfig, config_from_dict,
                        get_preset, load_config, load_hardware, load_model)
 from ptd.specs import layout
 from ptd.specs.model import PRESETS

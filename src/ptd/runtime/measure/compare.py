@@ -241,7 +241,7 @@ def _f(x: Any, fmt: Any) -> str:
 
 def comparison_table(s: dict[str, Any]) -> str:
     """The predicted-vs-measured table printed at the end of ``ptd train``."""
-    m, p, r = s["measured"], s["predicted"], s["ratio"]
+    m, p = s["measured"], s["predicted"]
     rows: list[tuple[str, str, str, str]] = []
 
     def add(label: str, mv: Any, pv: Any, fmt: Any, rv: Any = "auto") -> None:

@@ -24,7 +24,7 @@ parameters and unsharded gradients it calls buffers). On a GPU the allocator's o
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterable
+from typing import Iterable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode

@@ -162,6 +162,9 @@ def fork_workers(cfg: TrainConfig, config_path: Path, nproc: int, log_dir: Path)
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
         from . import worker  # everything the workers import, once
+        import torch._dynamo  # noqa: F401 - imported by DDP, FSDP and pipelining (~1 s each)
+        if cfg.plan.pp > 1:
+            import torch.distributed.pipelining  # noqa: F401
         config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                               run_id=str(uuid.uuid4()), rdzv_backend="c10d",
                               rdzv_endpoint="localhost:0", max_restarts=cfg.max_restarts,

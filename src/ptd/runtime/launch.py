@@ -149,8 +149,8 @@ def fork_workers(cfg: TrainConfig, config_path: Path, nproc: int, log_dir: Path)
 
     Why: each fresh worker interpreter spends ~4.5 s of CPU importing torch and the parallel
     runtime, and torchrun's interpreter ~3 s more; on a 2-core box a 4-worker run of the tiny
-    model then starts ~10 s before its first step. Imported once here and forked, the 2-step
-    runs of ``--nproc 2/4/8`` took 7.2/7.3/10.2 s instead of 9.7/15.4/25.8 s (measured).
+    model then starts ~10 s before its first step. Imported once here and forked, 2-step runs
+    of ``--nproc 2/4/8`` took 4.4/4.6/5.4 s instead of 5.6/9.4/16.8 s (measured, README).
     CPU only: a forked CUDA context is unusable, so GPU hosts keep torchrun. Nothing here
     runs a torch op before the fork (a forked OpenMP pool would hang the workers)."""
     saved = dict(os.environ)

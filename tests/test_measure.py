@@ -97,6 +97,30 @@ def test_activation_tracker_peak_of_saved_tensors():
     del b, c
 
 
+def test_activation_tracker_counts_dtensor_results():
+    """Tensor parallelism computes on DTensors, which have no storage of their own and whose
+    local ops the mode does not see: their local tensors are what is counted."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        w = distribute_tensor(torch.randn(64, 128), mesh, [Shard(1)])
+        x = distribute_tensor(torch.randn(32, 64), mesh, [Replicate()])
+        with ActivationTracker() as tr:
+            y = x @ w            # 32 x 128 fp32: 16 KiB, a new DTensor
+            z = y.relu()         # 16 KiB more
+            v = z.view(-1)       # a view: nothing new
+        peak = tr.peak_excluding(set())
+        assert 2 * 32 * 128 * 4 <= peak <= 2 * 32 * 128 * 4 + 1024, peak
+        del y, z, v
+    finally:
+        dist.destroy_process_group()
+
+
 # ----------------------------------------------------------------- spans from the profiler
 def reference_spans(events):
     """Spans from torch's own ``FunctionEvent`` tree, the slow path ``kineto_spans`` replaces."""
@@ -189,7 +213,7 @@ def test_every_run_reports_measured_beside_predicted(tmp_path, name, flags):
     assert m["memory"]["model_states_equal_per_rank"] is True
     assert m["memory"]["model_states"] == p["memory"]["model_states"]
     act = m["memory"]["activations"] / p["memory"]["activations"]
-    assert 0.7 < act < 1.3, act
+    assert 0.8 < act < 1.2, act  # issue 5: the activation peak within 20%
     # the dimension's own cost shows up where it should
     if name == "ddp":
         assert m["comm_total_s"]["all_reduce"] > 0

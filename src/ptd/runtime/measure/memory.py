@@ -117,15 +117,18 @@ class ActivationTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
+        # A DTensor (tensor parallel, FSDP) has no storage of its own and the mode does not
+        # see the local ops it runs: its memory is its local tensor's, counted here.
         inputs = set()
         for t in tree_iter((args, kwargs or {})):
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
                 try:
-                    inputs.add(t.untyped_storage().data_ptr())
+                    inputs.add(_local(t).untyped_storage().data_ptr())
                 except (RuntimeError, NotImplementedError):
                     pass
         for t in tree_iter(out):
             if isinstance(t, torch.Tensor):
+                t = _local(t)
                 try:
                     if t.untyped_storage().data_ptr() in inputs:
                         continue  # a view or an in-place result: no new memory

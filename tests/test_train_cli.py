@@ -127,7 +127,9 @@ def test_with_a_gpu_driver_the_launcher_asks_torch(tmp_path):
 import sys
 from ptd.runtime import launch
 launch._GPU_DRIVER_FILES = ("{driver}",)
+assert "torch" not in sys.modules
 n = launch.gpu_count()
+assert "torch" in sys.modules, "a GPU driver is there: torch must answer"
 import torch
 assert n == (torch.cuda.device_count() if torch.cuda.is_available() else 0), n
 print(n)

@@ -19,9 +19,10 @@ backward (with sequence parallelism each becomes an all-gather plus a reduce-sca
 same bytes), repeated by full recomputation.
 
 Data-parallel gradient reduction overlaps backward: DDP reduces buckets as gradients become
-ready (ZeRO-2 likewise, reducing each bucket to its owner), FSDP reduce-scatters each block's gradients while the previous block computes, and
-prefetches each block's parameters (ZeRO-3) one block ahead. Exposed is what does not fit
-behind the last micro-batch's backward, and never less than the last bucket or block.
+ready (ZeRO-2 likewise, reducing each bucket to its owner), FSDP reduce-scatters each block's
+gradients while the previous block computes, and prefetches each block's parameters (ZeRO-3)
+one block ahead. Exposed is what does not fit behind the last micro-batch's backward, and
+never less than the last bucket or block.
 With ``dp_overlap=False`` (frameworks that reduce after backward) all of it is exposed.
 """
 

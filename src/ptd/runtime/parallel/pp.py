@@ -18,8 +18,8 @@ shares the rank model's modules (no copy) and runs only that stage's part of the
 The chunks, not the rank model, are what the schedule drives and what FSDP wraps as roots.
 
 **Schedules** (``plan.schedule``), with what torch 2.13 requires of the micro-batch count
-``m = global_batch / (micro_batch * dp)`` (checked by :func:`ptd.runtime.limits.pp_problem` before any worker
-starts):
+``m = global_batch / (micro_batch * dp)`` (checked by :func:`ptd.runtime.limits.pp_problem`
+before any worker starts):
 
 ==================  ==================================  ======================================
 plan                torch schedule                      micro-batches

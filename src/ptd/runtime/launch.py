@@ -28,6 +28,7 @@ every node, and on each run torchrun with its own rendezvous flags, e.g. node ``
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -162,9 +163,11 @@ def fork_workers(cfg: TrainConfig, config_path: Path, nproc: int, log_dir: Path)
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
         from . import worker  # everything the workers import, once
-        import torch._dynamo  # noqa: F401 - imported by DDP, FSDP and pipelining (~1 s each)
-        if cfg.plan.pp > 1:
-            import torch.distributed.pipelining  # noqa: F401
+        # what the workers would each import later: DDP, FSDP and pipelining import
+        # torch._dynamo (~1 s of CPU), and pipelining itself with pp > 1
+        preload = ["torch._dynamo"] + (["torch.distributed.pipelining"] if cfg.plan.pp > 1 else [])
+        for name in preload:
+            importlib.import_module(name)
         config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                               run_id=str(uuid.uuid4()), rdzv_backend="c10d",
                               rdzv_endpoint="localhost:0", max_restarts=cfg.max_restarts,

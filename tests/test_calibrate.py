@@ -8,6 +8,7 @@ model reads the profile.
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -147,7 +148,9 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
     assert out["path"] == str(path) and path.is_file()
     raw = json.loads(path.with_suffix(".json").read_text())
     assert raw["summary"]["gemm"]["fp32"]["1"]["sizes"]
-    assert "calibrate [1/" in err  # progress, one line per stage off a terminal
+    # progress, one line per stage off a terminal, the last one [n/n]
+    ticks = re.findall(r"calibrate \[(\d+)/(\d+)\]", err)
+    assert ticks and ticks[0][0] == "1" and ticks[-1][0] == ticks[-1][1] == str(len(ticks))
     monkeypatch.setenv("PTD_HOME", str(home))
     by_name, by_path = load_hardware("testbox"), load_hardware(str(path))
     assert by_name == by_path
@@ -166,9 +169,13 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
     assert hw.gemm_flops_measured["fp32"][2] <= 1.3 * hw.peak("fp32")
     assert hw.peak("fp32") >= hw.gemm_flops_measured["fp32"][1]
     assert 0 < hw.attention_efficiency <= 1
-    # the wait of a blocking collective between compute chunks, with 2 workers at once
-    assert set(hw.overheads_measured["blocking_collective"]) == {2}
-    assert 0 <= hw.overheads_measured["blocking_collective"][2] < 0.05
+    # the wait of a blocking collective after compute chunks (0, 4 and 16 matmuls), with 2
+    # workers at once: the chunks were timed, longer with more matmuls
+    assert set(hw.blocking_wait_measured) == {2}
+    pts = hw.blocking_wait_measured[2]
+    assert len(pts) == 3 and pts[0][0] < 1e-3 < pts[1][0] < pts[2][0] < 1.0
+    assert all(0 <= w < 0.05 for _, w in pts)
+    assert "blocking_collective" not in hw.overheads_measured
     meta = out["meta"]
     assert meta["workers"] == [1, 2] and meta["quick"] is True
     assert meta["seconds"] < 120

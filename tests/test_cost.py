@@ -289,27 +289,46 @@ def test_estimate_bad_input(ptd_cli, argv):
     assert rc == 2 and err.count("\n") == 1 and err.startswith("ptd: error:"), err
 
 
-def test_blocking_collective_wait_is_paid_once_per_tensor_parallel_collective():
-    """A calibrated ``blocking_collective`` wait adds exactly (tp collectives per step) x
-    wait to tp_comm: per micro-batch 2 per block forward, 5 per block backward (wq, wk,
-    wv, w1, w3 input gradients: SwiGLU, no sp), the embedding's, loss_parallel's 3 and the
-    output layer's input gradient."""
+def test_blocking_wait_is_paid_once_per_tensor_parallel_collective():
+    """A calibrated blocking wait adds exactly (tp collectives per step) x wait to tp_comm:
+    per micro-batch 2 per block forward, 5 per block backward (wq, wk, wv, w1, w3 input
+    gradients: SwiGLU, no sp), the embedding's, loss_parallel's 3 and the output layer's
+    input gradient."""
     from ptd.cost.step import step_time
     model = get_preset("tiny")
-    preset = load_hardware("cpu")
-    others = {k: v for k, v in preset.overheads_measured.items() if k != "blocking_collective"}
-    cpu = preset.replace(overheads_measured=others)
+    cpu = load_hardware("cpu").replace(blocking_wait_measured={})
     plan = ParallelPlan(dp=1, tp=2, micro_batch=2, global_batch=4, seq_len=64, dtype="fp32")
     base = step_time(model, plan, ClusterSpec(cpu, 2))
-    waited = step_time(model, plan, ClusterSpec(cpu.replace(
-        overheads_measured={**others, "blocking_collective": {2: 1e-3, 4: 5e-3}}), 2))
+    flat = cpu.replace(blocking_wait_measured={2: ((0.0, 1e-3),), 4: ((0.0, 5e-3),)})
+    waited = step_time(model, plan, ClusterSpec(flat, 2))
     per_mb = model.n_layers * (2 + 5) + 1 + 3 + 1
     assert waited.tp_comm - base.tp_comm == pytest.approx(plan.n_microbatches * per_mb * 1e-3)
     assert waited.compute == base.compute and waited.dp_comm_exposed == base.dp_comm_exposed
+    # at 4 workers per node, the 4-worker curve
+    four = step_time(model, plan.replace(dp=2, global_batch=8), ClusterSpec(flat, 4))
+    four_base = step_time(model, plan.replace(dp=2, global_batch=8), ClusterSpec(cpu, 4))
+    assert four.tp_comm - four_base.tp_comm == pytest.approx(plan.n_microbatches * per_mb * 5e-3)
     # no tensor parallelism: nothing waits
     dp = ParallelPlan(dp=2, micro_batch=2, global_batch=4, seq_len=64, dtype="fp32")
-    assert step_time(model, dp, ClusterSpec(preset, 2)).total == \
+    assert step_time(model, dp, ClusterSpec(flat, 2)).total == \
         step_time(model, dp, ClusterSpec(cpu, 2)).total
+
+
+def test_blocking_wait_follows_the_compute_chunk_before_each_collective():
+    """The wait is read off the calibrated curve at the rank's compute per micro-batch
+    shared among its tp collectives: a curve rising with the chunk charges more where the
+    chunks are longer (a longer sequence), and exactly the interpolated value."""
+    from ptd.cost.step import step_time
+    model = get_preset("tiny")
+    cpu = load_hardware("cpu").replace(blocking_wait_measured={})
+    curve = cpu.replace(blocking_wait_measured={2: ((0.0, 0.0), (1.0, 1.0))})  # wait = chunk
+    for seq in (32, 64):
+        plan = ParallelPlan(dp=1, tp=2, micro_batch=2, global_batch=2, seq_len=seq,
+                            dtype="fp32")
+        base = step_time(model, plan, ClusterSpec(cpu, 2))
+        got = step_time(model, plan, ClusterSpec(curve, 2))
+        # one micro-batch: per_mb waits of (its compute / per_mb) each = its compute
+        assert got.tp_comm - base.tp_comm == pytest.approx(base.compute)
 
 
 def test_zero2_reduction_hides_behind_backward_only_without_tp_and_pp():

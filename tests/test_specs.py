@@ -124,6 +124,35 @@ def test_cpu_rate_shared_between_workers():
     assert cpu.op_overhead_at(8) == pytest.approx(2 * cpu.op_overhead_at(4))
 
 
+def test_blocking_wait_curve_lookup_and_toml(tmp_path):
+    """``blocking_wait_measured``: linear between the measured chunks, flat outside them,
+    the nearest worker count at or above the one asked, grown as workers past the largest;
+    a profile without it falls back to the old single ``blocking_collective`` wait."""
+    base = load_hardware("cpu").replace(blocking_wait_measured={})
+    hw = base.replace(blocking_wait_measured={2: ((0.0, 1e-3), (0.01, 3e-3)),
+                                              4: ((0.001, 2e-3), (0.02, 6e-3))})
+    assert hw.blocking_wait_at(0.005, 2) == pytest.approx(2e-3)  # halfway
+    assert hw.blocking_wait_at(1.0, 2) == pytest.approx(3e-3)  # flat past the last chunk
+    assert hw.blocking_wait_at(0.0, 3) == pytest.approx(2e-3)  # 3 -> the 4-worker curve
+    assert hw.blocking_wait_at(0.0105, 4) == pytest.approx(4e-3)
+    assert hw.blocking_wait_at(0.0105, 8) == pytest.approx(8e-3)  # 8 workers: twice 4's
+    assert ClusterSpec(hw, 4).blocking_wait(0.0105) == pytest.approx(4e-3)
+    assert base.blocking_wait_at(0.01, 4) == 0.0
+    old = base.replace(overheads_measured={"blocking_collective": {2: 1e-3, 4: 2e-3}})
+    assert old.blocking_wait_at(0.01, 4) == 2e-3 and old.blocking_wait_at(0.0, 2) == 1e-3
+    assert load_hardware("h100-sxm").blocking_wait_at(0.01, 8) == 0.0
+    p = tmp_path / "box.toml"
+    p.write_text('[hardware]\npreset = "cpu"\n[hardware.blocking_wait_measured]\n'
+                 '2 = [[0.0, 0.001], [0.01, 0.003]]\n')
+    assert load_hardware(str(p)).blocking_wait_measured == {2: ((0.0, 1e-3), (0.01, 3e-3))}
+    assert hw.to_dict()["blocking_wait_measured"]["2"] == [[0.0, 1e-3], [0.01, 3e-3]]
+    p.write_text('[hardware]\npreset = "cpu"\n[hardware.blocking_wait_measured]\n2 = 0.001\n')
+    with pytest.raises(PtdError, match="blocking_wait_measured"):
+        load_hardware(str(p))
+    with pytest.raises(PtdError, match="non-negative"):
+        base.replace(blocking_wait_measured={2: ((0.0, -1e-3),)})
+
+
 def test_cluster_nodes():
     c = ClusterSpec(load_hardware("h100-sxm"), 64)
     assert c.n_nodes == 8 and c.devices_per_node == 8

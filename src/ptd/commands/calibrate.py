@@ -174,6 +174,12 @@ def render(result: dict, path: Path) -> str:
                 for c in s["collectives"]]
         lines += ["", "collectives: t = alpha + bus_factor * M / busbw (all groups busy at once)",
                   table(rows, header=("kind", "group", "alpha", "busbw", "fit err", "sizes"))]
+    if s.get("blocking"):
+        rows = [(n, duration(c), duration(t), duration(w))
+                for n, pts in s["blocking"].items() for c, w, t in pts]
+        lines += ["", "a 1 MiB all-reduce in pairs after a chunk of matmuls (tensor parallelism's "
+                  "pattern), N at once: wait = its time - the all-reduce fit",
+                  table(rows, header=("N", "chunk", "all-reduce", "wait"))]
     for kind, err in s["missing"].items():
         lines.append(f"not measured: {kind} ({err}); the cost model uses the link for it")
     from ..specs.hardware import hardware_home

@@ -159,24 +159,21 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     out_f, out_b = _memo(C.output_time, model, hw, tokens, plan.tp, plan.dtype, rate, bw, ovh,
                          dt_ovh, plan.sp)
 
-    # tensor-parallel collectives, per block and per micro-batch
+    # tensor-parallel collectives, per block and per micro-batch: alpha-beta times and counts
     tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")
     act = ab * tokens * model.hidden
-    # Each tp collective blocks the compute stream; where peers share cores it also waits
-    # for the later peer (calibrated ``blocking_collective``; 0 on GPUs and presets).
-    wait = (cluster.overhead("blocking_collective") or 0.0) if tp_n > 1 else 0.0
-    ar = _coll("all_reduce", act, tp_n, hw, tp_nodes, tp_per) + wait
-    tp_block_f = 2 * ar
+    ar = _coll("all_reduce", act, tp_n, hw, tp_nodes, tp_per)
     if tp_grad_per_linear and not plan.sp:
         col = 3 + (2 if model.mlp == "swiglu" else 1)  # wq, wk, wv; w1 (and w3)
     else:
         col = 2
-    tp_block_b = col * ar + (2 * ar if plan.recompute == "full" else 0.0)
-    tp_emb = ar  # vocabulary-parallel embedding output
-    # loss_parallel's cross-entropy: max, sum of exponentials, target logit (fp32 per token)
-    tp_out_f = (ar if plan.sp else 0.0) + 3 * (_coll("all_reduce", 4 * tokens, tp_n, hw, tp_nodes,
-                                                     tp_per) + wait)
-    tp_out_b = ar
+    n_block_f, n_block_b = 2, col + (2 if plan.recompute == "full" else 0)
+    # vocabulary-parallel embedding output (first rank); on the last rank the sequence-
+    # parallel gather before the output layer, loss_parallel's cross-entropy (max, sum of
+    # exponentials, target logit: fp32 per token) and the output layer's input gradient
+    loss_ar = _coll("all_reduce", 4 * tokens, tp_n, hw, tp_nodes, tp_per)
+    n_out_f = (1 if plan.sp else 0) + 3
+    tp_out_f = (ar if plan.sp else 0.0) + 3 * loss_ar
 
     # per pipeline rank: compute and tp time of one micro-batch through all its chunks
     first, last = P.stage_to_rank(0, plan), P.stage_to_rank(plan.n_stages - 1, plan)
@@ -187,12 +184,20 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
         f = nl * blk.forward + (out_f if r == last else 0.0)
         b = nl * blk.backward + (out_b if r == last else 0.0)
         rc = nl * blk.recompute(plan.recompute, recompute_early_stop)
-        tf = nl * tp_block_f + (tp_emb if r == first else 0.0) + (tp_out_f if r == last else 0.0)
-        tb = nl * tp_block_b + (tp_out_b if r == last else 0.0)
+        n_f = nl * n_block_f + (1 if r == first else 0) + (n_out_f if r == last else 0)
+        n_b = nl * n_block_b + (1 if r == last else 0)
+        # Each tp collective blocks the compute stream. After a chunk of computation it also
+        # waits beyond its back-to-back time (calibrated ``blocking_wait_measured``: gloo's
+        # threads wake, a peer descheduled on shared cores arrives late; 0 on GPUs and
+        # presets), which grows with the chunk: the rank's compute shared among them.
+        wait = cluster.blocking_wait((f + b + rc) / (n_f + n_b)) if tp_n > 1 else 0.0
+        tf = nl * n_block_f * ar + (ar if r == first else 0.0) \
+            + (tp_out_f if r == last else 0.0) + n_f * wait
+        tb = nl * n_block_b * ar + (ar if r == last else 0.0) + n_b * wait
         key = f + b + rc + tf + tb
         if worst is None or key > worst[0]:
-            worst = (key, f, b, rc, tf, tb, nl)
-    _, f, b, rc, tf, tb, nl = worst  # type: ignore[misc]
+            worst = (key, f, b, rc, tf, tb, nl, wait)
+    _, f, b, rc, tf, tb, nl, wait = worst  # type: ignore[misc]
     per_mb = f + b + rc + tf + tb
 
     p, v = plan.pp, plan.stages_per_rank
@@ -259,8 +264,9 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
             rs_block = _coll(rs_kind, block_params * 4, dp_n, hw, dp_nodes, dp_per)
             gathers = 2 * m * nl  # ZeRO-3 gathers again for the backward
             dp_total = gathers * ag_block + nl * rs_block
-            blk_f = blk.forward + 2 * ar
-            blk_b = blk.backward + blk.recompute(plan.recompute, recompute_early_stop) + 2 * ar
+            blk_f = blk.forward + 2 * (ar + wait)
+            blk_b = (blk.backward + blk.recompute(plan.recompute, recompute_early_stop)
+                     + 2 * (ar + wait))
             if not dp_overlap:
                 blk_f = blk_b = 0.0
             hidden_ag = max(0.0, ag_block - blk_f)  # prefetch one block ahead

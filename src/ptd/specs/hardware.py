@@ -119,11 +119,19 @@ class HardwareSpec:
     tensor: sharding propagation and wrapping), ``optimizer_tensor`` (one parameter tensor's
     share of the optimizer phase -- gradient-norm, clipping, single-tensor AdamW -- on plain
     tensors) and ``optimizer_tensor_dtensor`` (the same on DTensor parameters, as FSDP and
-    tensor parallelism make them), ``blocking_collective`` (the wait a blocking collective
-    adds between compute chunks beyond its alpha-beta time: on a CPU with more workers than
-    cores a descheduled peer arrives late; tensor parallelism pays it per activation
-    collective). Absent: 0 for ``dtensor_op`` and ``blocking_collective``, operator counts
-    times ``op_overhead`` for the optimizer."""
+    tensor parallelism make them). Absent: 0 for ``dtensor_op``, operator counts times
+    ``op_overhead`` for the optimizer. (Profiles written before 2026-11-23 also carry
+    ``blocking_collective``, one wait per collective whatever the chunk before it; it is used
+    only where ``blocking_wait_measured`` is absent.)"""
+    blocking_wait_measured: dict[int, tuple[tuple[float, float], ...]] = field(
+        default_factory=dict)
+    """From ``ptd calibrate`` (CPU): what a blocking collective costs beyond the
+    ``collectives`` fit when it follows a chunk of computation, as tensor parallelism's
+    activation all-reduces do -- by workers at once, points ``(chunk seconds, wait
+    seconds)``. The fits are timed back to back; after a chunk, gloo's threads have gone to
+    sleep and must be woken, and where workers outnumber cores a peer descheduled during
+    its chunk arrives late. Both grow with the chunk. Read by linear interpolation, flat
+    past the measured chunks; absent: no wait (GPUs, presets)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Where each number comes from."""
 
@@ -142,6 +150,10 @@ class HardwareSpec:
                 raise PtdError(f"hardware {self.name}: {f} must be in (0, 1]")
         if self.op_overhead < 0:
             raise PtdError(f"hardware {self.name}: op_overhead must be non-negative")
+        for n, pts in self.blocking_wait_measured.items():
+            if not pts or any(c < 0 or w < 0 for c, w in pts):
+                raise PtdError(f"hardware {self.name}: blocking_wait_measured[{n}] needs "
+                               "(chunk, wait) points with non-negative seconds")
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype`` (the MFU denominator)."""
@@ -186,6 +198,24 @@ class HardwareSpec:
             return None
         return _per_worker(table, workers_per_node, 0.0, share=False)
 
+    def blocking_wait_at(self, chunk: float, workers_per_node: int = 1) -> float:
+        """Seconds a blocking collective waits beyond its alpha-beta time after ``chunk``
+        seconds of computation while ``workers_per_node`` run (``blocking_wait_measured``)."""
+        if not self.blocking_wait_measured:
+            return self.overhead_at("blocking_collective", workers_per_node) or 0.0
+        counts = sorted(self.blocking_wait_measured)
+        pick = next((n for n in counts if n >= workers_per_node), counts[-1])
+        pts = sorted(self.blocking_wait_measured[pick])
+        if chunk <= pts[0][0]:
+            wait = pts[0][1]
+        elif chunk >= pts[-1][0]:
+            wait = pts[-1][1]
+        else:
+            (c0, w0), (c1, w1) = next((a, b) for a, b in zip(pts, pts[1:]) if chunk <= b[0])
+            wait = w0 + (w1 - w0) * (chunk - c0) / (c1 - c0) if c1 > c0 else w1
+        # past the largest measured count, a wait for a descheduled peer grows as workers
+        return wait * workers_per_node / pick if workers_per_node > pick else wait
+
     def collective_fit(self, kind: str, group_size: int) -> CollectiveFit | None:
         """The measured fit for ``kind`` at the closest group size, if calibrated."""
         fits = [c for c in self.collectives if c.kind == kind]
@@ -204,6 +234,8 @@ class HardwareSpec:
                                    for k, v in self.overheads_measured.items()}
         for k in ("memory_bandwidth_measured", "op_overhead_measured"):
             d[k] = {str(n): v for n, v in getattr(self, k).items()}
+        d["blocking_wait_measured"] = {str(n): [list(p) for p in pts]
+                                       for n, pts in self.blocking_wait_measured.items()}
         return d
 
 
@@ -267,6 +299,11 @@ class ClusterSpec:
     def overhead(self, kind: str) -> float | None:
         """A measured framework overhead with the node's workers running, or None."""
         return self.hardware.overhead_at(kind, self.workers_per_node)
+
+    def blocking_wait(self, chunk: float) -> float:
+        """The wait a blocking collective adds after ``chunk`` seconds of computation, with
+        the node's workers running (0 where not calibrated)."""
+        return self.hardware.blocking_wait_at(chunk, self.workers_per_node)
 
 
 # ------------------------------------------------------------------ presets
@@ -365,12 +402,18 @@ PRESETS: dict[str, HardwareSpec] = {
             op_overhead_measured={1: 1.79e-6, 2: 1.77e-6, 4: 3.47e-6},
             overheads_measured={"dtensor_op": {1: 32.5e-6, 2: 34.2e-6, 4: 71.8e-6},
                                 "optimizer_tensor": {1: 49.7e-6, 2: 49.6e-6, 4: 107e-6},
-                                "optimizer_tensor_dtensor": {1: 337e-6, 2: 332e-6, 4: 702e-6},
-                                "blocking_collective": {2: 0.115e-3, 4: 2.35e-3}},
+                                "optimizer_tensor_dtensor": {1: 337e-6, 2: 332e-6, 4: 702e-6}},
+            # (chunk, wait) seconds: a 1 MiB all-reduce in pairs after a chunk of matmuls
+            blocking_wait_measured={
+                2: ((0.0, 0.0), (1.08e-3, 0.23e-3), (3.48e-3, 0.30e-3), (11.1e-3, 1.51e-3),
+                    (27.2e-3, 2.42e-3)),
+                4: ((0.0, 0.19e-3), (0.99e-3, 0.60e-3), (4.52e-3, 1.91e-3), (16.9e-3, 3.85e-3),
+                    (46.8e-3, 6.68e-3))},
             sources={"all": "ptd calibrate --workers 1,2,4 on this machine class (2-core AMD EPYC, "
                             "AVX2), 2026-11-22; collectives: gloo all-reduce fit, group of 2; "
                             "overheads_measured: ptd calibrate 09:58 and 10:03 UTC (load "
-                            "average 0.0 and 1.4 before)",
+                            "average 0.0 and 1.4 before); blocking_wait_measured: ptd "
+                            "calibrate 2026-11-23 11:01 UTC (load average 0.46 before)",
                      "inter_node": "assumed: no second node was measured"}),
     ]
 }
@@ -407,6 +450,14 @@ def hardware_from_dict(d: dict[str, Any], name: str = "custom") -> HardwareSpec:
     for k in ("memory_bandwidth_measured", "op_overhead_measured"):
         if k in d:
             d[k] = {int(n): float(v) for n, v in d[k].items()}
+    if "blocking_wait_measured" in d:
+        try:
+            d["blocking_wait_measured"] = {
+                int(n): tuple((float(c), float(w)) for c, w in pts)
+                for n, pts in d["blocking_wait_measured"].items()}
+        except (TypeError, ValueError):
+            raise PtdError(f"{name}: blocking_wait_measured wants workers = [[chunk, wait], "
+                           "...] (seconds)") from None
     if "collectives" in d:
         d["collectives"] = tuple(c if isinstance(c, CollectiveFit) else CollectiveFit(**c)
                                  for c in d["collectives"])

@@ -223,42 +223,46 @@ def _collective(kind: str, nbytes: int, g: int, rank: int, pg: Any,
     raise ValueError(kind)
 
 
-def blocking_wait(rank: int, n_active: int, pg: Any, barrier: Any, timeout: float,
-                  repeats: int, chunk_mm: int = 16, iters: int = 12) -> float | None:
-    """Seconds a *blocking* collective costs beyond its own alpha-beta time when it sits
-    between compute chunks, as tensor parallelism's activation all-reduces do, with
-    ``n_active`` workers of the node running (ranks ``0..n_active-1``, in pairs).
+def blocking_curve(rank: int, n_active: int, pg: Any, barrier: Any, timeout: float,
+                   repeats: int, chunks: dict[int, int], nbytes: int
+                   ) -> dict[str, list[float]] | None:
+    """What a *blocking* collective costs after a chunk of computation, as tensor
+    parallelism's activation all-reduces do, with ``n_active`` workers of the node running
+    (ranks ``0..n_active-1``, in pairs).
 
-    Back-to-back timing (the collective fits) keeps both peers in step. Between chunks of
-    computation, on a CPU with more workers than cores, a peer that was descheduled arrives
-    late and the other waits for it. Measured directly: a loop of (``chunk_mm`` 256x256
-    matmuls, ~5-15 ms; all-reduce of 1 MiB) against the same compute alone and the same
-    all-reduce alone; the excess, per collective, is kept (median of ``repeats`` windows).
-    Returns None on ranks outside the active pairs."""
+    The collective fits time calls back to back. After a chunk, gloo's threads have gone
+    to sleep, and where workers outnumber cores a peer descheduled during its chunk arrives
+    late: each call is slower, the more so the longer the chunk. Measured as tensor
+    parallelism meets it: a loop of (``k`` 256x256 matmuls; all-reduce of
+    ``nbytes`` within the pair), each all-reduce timed on its own, for each ``k``
+    of ``chunks`` (``k -> calls``; ``k = 0`` is back to back). Returns ``str(k) -> [mean
+    chunk seconds, mean all-reduce seconds]`` (median of ``repeats`` windows), None on
+    ranks outside the active pairs. The iteration counts are fixed, not timed: both peers
+    must call the collective equally often."""
     a, b = torch.randn(256, 256), torch.randn(256, 256)
-    x = torch.zeros(256 * 1024)
+    x = torch.zeros(nbytes // 4)
     active = rank < n_active
-
-    def loop(compute: bool, comm: bool) -> float:
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            if compute:
-                for _ in range(chunk_mm):
-                    torch.mm(a, b)
-            if comm:
-                dist.all_reduce(x, group=pg)
-        return (time.perf_counter() - t0) / iters
-
-    excess = []
+    out: dict[str, list[list[float]]] = {}
     for _ in range(repeats):
-        t = {}
-        for mode in ((True, False), (False, True), (True, True)):
+        for k, calls in chunks.items():
             barrier.wait(timeout)
-            if active:
-                t[mode] = loop(*mode)
-        if active:
-            excess.append(max(0.0, t[(True, True)] - t[(True, False)] - t[(False, True)]))
-    return statistics.median(excess) if active else None
+            if not active:
+                continue
+            dist.all_reduce(x, group=pg)  # both peers start together
+            chunk = coll = 0.0
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                for _ in range(k):
+                    torch.mm(a, b)
+                t1 = time.perf_counter()
+                dist.all_reduce(x, group=pg)
+                t2 = time.perf_counter()
+                chunk, coll = chunk + t1 - t0, coll + t2 - t1
+            out.setdefault(str(k), []).append([chunk / calls, coll / calls])
+    if not active:
+        return None
+    return {k: [statistics.median(c for c, _ in v), statistics.median(t for _, t in v)]
+            for k, v in out.items()}
 
 
 def collective_suite(rank: int, nproc: int, plan: dict, device: torch.device, barrier: Any,
@@ -302,10 +306,11 @@ def collective_suite(rank: int, nproc: int, plan: dict, device: torch.device, ba
                 times[key] = res
             tick(f"{kind} g={g}")
         if g == 2 and device.type == "cpu":
-            # blocking collectives between compute chunks, with 2 and with all workers busy
+            # blocking collectives after compute chunks, with 2 and with all workers busy
             for n_active in sorted({2, nproc}):
-                w = blocking_wait(rank, n_active, pg, barrier, timeout, plan["repeats"])
+                w = blocking_curve(rank, n_active, pg, barrier, timeout, plan["repeats"],
+                                   plan["blocking_chunks"], plan["blocking_bytes"])
                 if w is not None:
-                    times.setdefault("blocking_wait", {})[str(n_active)] = w
+                    times.setdefault("blocking", {})[str(n_active)] = w
             tick("blocking collectives")
     return times, missing

@@ -32,7 +32,7 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str) -
         coll = [KiB, 32 * KiB, MiB, 4 * MiB]
         attn = [(2, 16, 1024, 128)] if cuda else [(2, 4, 128, 32)]
         p = dict(window_s=0.02, repeats=3, max_call_s=0.03, mem_bytes=(256 if cuda else 48) * MiB,
-                 coll_budget=8 * MiB, coll_reps=(2, 10))
+                 coll_budget=8 * MiB, coll_reps=(2, 10), blocking_chunks={0: 20, 4: 8, 16: 4})
     else:
         gemm = ([512, 1024, 2048, 4096, 8192] if cuda
                 else [64, 96, 128, 192, 256, 384, 512, 768])
@@ -44,8 +44,14 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str) -
         attn = ([(4, 16, 2048, 128), (2, 32, 4096, 128)] if cuda
                 else [(4, 8, 256, 32), (2, 8, 512, 64)])
         p = dict(window_s=0.1, repeats=3, max_call_s=0.1, mem_bytes=(1024 if cuda else 64) * MiB,
-                 coll_budget=(1024 if cuda else 48) * MiB, coll_reps=(3, 40))
+                 coll_budget=(1024 if cuda else 48) * MiB, coll_reps=(3, 40),
+                 # 256x256 matmuls per chunk -> all-reduces timed after it (CPU only); 4
+                 # workers on 2 cores: chunks of 0 (back to back), ~1, 5, 20 and 55 ms
+                 blocking_chunks={0: 100, 2: 60, 8: 30, 24: 15, 64: 8})
+    # the blocking all-reduce: the default CPU model's tensor-parallel activation (4 x 256
+    # tokens x 256 hidden, fp32)
     return dict(p, device=device, workers=sorted(set(workers)), dtypes=list(dtypes),
+                blocking_bytes=MiB,
                 gemm_sizes=gemm, attn_shapes=attn, coll_sizes=coll, kinds=list(KINDS),
                 group_sizes=group_sizes)
 
@@ -60,6 +66,8 @@ def stage_labels(plan: dict) -> list[str]:
         out += [f"attention {dt} x{n}" for dt in plan["dtypes"]]
     for g in plan["group_sizes"]:
         out += [f"{k} g={g}" for k in plan["kinds"] if k != "send_recv" or g == 2]
+        if g == 2 and plan["device"] == "cpu":
+            out.append("blocking collectives")
     return out
 
 

@@ -77,12 +77,6 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
         if "framework" in per[0]:
             for k in per[0]["framework"]:
                 framework.setdefault(k, {})[n] = mean([p["framework"][k] for p in per])
-    # blocking collectives between compute chunks: seconds of waiting by workers at once
-    waits = [r["collectives"]["blocking_wait"] for r in results
-             if "blocking_wait" in r.get("collectives", {})]
-    for n in sorted({n for w in waits for n in w}, key=int):
-        framework.setdefault("blocking_collective", {})[int(n)] = mean(
-            [w[n] for w in waits if n in w])
     collectives = []
     for key in sorted((k for k in results[0]["collectives"] if ":" in k),
                       key=lambda k: (int(k.split(":")[1]), k)):
@@ -94,6 +88,7 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
         collectives.append({"kind": kind, "group_size": g, "alpha": f.intercept,
                             "bus_bandwidth": 1.0 / f.slope, **_fit_dict(f),
                             "times": {int(s): t for s, t in zip(sizes, ts)}})
+    blocking = _blocking_curves(results, collectives, plan.get("blocking_bytes", 0))
     missing: dict[str, str] = {}
     for r in results:
         missing.update(r.get("missing", {}))
@@ -102,7 +97,28 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
     return {"gemm": gemm, "memory": memory, "overhead": overhead, "framework": framework,
             "attention": attention,
             "attention_ratio": median(ratios) if ratios else None,
-            "attention_dtype": primary, "collectives": collectives, "missing": missing}
+            "attention_dtype": primary, "collectives": collectives, "blocking": blocking,
+            "missing": missing}
+
+
+def _blocking_curves(results: list[dict], fits: list[dict], nbytes: int
+                     ) -> dict[int, list[list[float]]]:
+    """Workers at once -> ``[chunk s, wait s, all-reduce s]`` points, by chunk: the mean
+    over the active ranks of what an all-reduce cost after a chunk (``bench.blocking_curve``)
+    less what the cost model already charges for it (the group-of-2 all-reduce fit, or
+    where there is none the back-to-back call of the same loop)."""
+    fit = next((c for c in fits if c["kind"] == "all_reduce" and c["group_size"] == 2), None)
+    curves: dict[int, list[list[float]]] = {}
+    per_n = [r["collectives"]["blocking"] for r in results
+             if "blocking" in r.get("collectives", {})]
+    for n in sorted({n for b in per_n for n in b}, key=int):
+        ranks = [b[n] for b in per_n if n in b]
+        pts = {k: (mean([r[k][0] for r in ranks]), mean([r[k][1] for r in ranks]))
+               for k in ranks[0]}
+        base = (fit["alpha"] + bus_factor("all_reduce", 2) * nbytes / fit["bus_bandwidth"]
+                if fit else pts.get("0", (0.0, min(t for _, t in pts.values())))[1])
+        curves[int(n)] = sorted([c, max(0.0, t - base), t] for c, t in pts.values())
+    return curves
 
 
 def profile_table(summary: dict, base: HardwareSpec, name: str, device: str,
@@ -126,6 +142,9 @@ def profile_table(summary: dict, base: HardwareSpec, name: str, device: str,
         ov = summary["overhead"]
         hw["op_overhead_measured"] = {str(n): v["value"] for n, v in ov.items()}
         hw["op_overhead"] = ov[min(ov)]["value"]
+    if summary.get("blocking"):
+        hw["blocking_wait_measured"] = {str(n): [[c, w] for c, w, _ in pts]
+                                        for n, pts in summary["blocking"].items()}
     if summary.get("framework"):
         hw["overheads_measured"] = {k: {str(n): max(v, 1e-9) for n, v in t.items()}
                                     for k, t in summary["framework"].items()}

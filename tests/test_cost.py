@@ -314,6 +314,23 @@ def test_blocking_wait_is_paid_once_per_tensor_parallel_collective():
         step_time(model, dp, ClusterSpec(cpu, 2)).total
 
 
+def test_blocking_wait_is_paid_per_pipeline_receive_as_bubble():
+    """On a pipeline each receive follows a chunk of computation: per micro-batch and chunk
+    a rank receives an activation and a gradient, less the direction its first or last
+    stage lacks (m (2v - 1) waits), counted in the bubble as the measurement counts it."""
+    from ptd.cost.step import step_time
+    model = get_preset("tiny")
+    cpu = load_hardware("cpu").replace(blocking_wait_measured={})
+    flat = cpu.replace(blocking_wait_measured={2: ((0.0, 1e-3),)})
+    for v, schedule in ((1, "1f1b"), (2, "interleaved-1f1b")):
+        plan = ParallelPlan(pp=2, vpp=v, schedule=schedule, micro_batch=1, global_batch=4,
+                            seq_len=64, dtype="fp32")
+        base, got = (step_time(model, plan, ClusterSpec(hw, 2)) for hw in (cpu, flat))
+        assert got.bubble - base.bubble == pytest.approx(4 * (2 * v - 1) * 1e-3)
+        assert (got.compute, got.tp_comm, got.pp_comm) == (base.compute, base.tp_comm,
+                                                           base.pp_comm)
+
+
 def test_blocking_wait_follows_the_compute_chunk_before_each_collective():
     """The wait is read off the calibrated curve at the rank's compute per micro-batch
     shared among its tp collectives: a curve rising with the chunk charges more where the

@@ -63,6 +63,26 @@ def test_recompute_inside_backward_and_pipeline_bubble():
     assert us == {"forward": 20, "bubble": 30, "recompute": 20, "backward": 30}
 
 
+def test_pipeline_stage_waiting_in_the_loss_all_reduce_is_bubble():
+    """The last stage of a 1F1B pipeline finishes first and waits in the step's loss
+    all-reduce while the first stage runs its last backwards: on a pipeline that wait is
+    its bubble (the drain), without one it stays unmodelled ``other``."""
+    from types import SimpleNamespace
+
+    from ptd.runtime.measure.compare import cost_view
+    spans = [sp("ptd:step", 0, 100), sp("ptd:schedule", 0, 60),
+             sp("gloo:recv", 0, 10, GLOO),  # fill: waiting for the first activations
+             sp("ptd:forward", 10, 30), sp("aten::mm", 10, 30),
+             sp("ptd:backward", 30, 60), sp("aten::mm", 30, 60),
+             sp("ptd:loss", 60, 100), sp("gloo:all_reduce", 61, 100, GLOO)]
+    b = analyse_step(spans, MAIN, (0, 100))
+    pipe = cost_view(b.parts, b.comm_exposed_by_phase, SimpleNamespace(pp=2, tp=1, zero=0))
+    flat = cost_view(b.parts, b.comm_exposed_by_phase, SimpleNamespace(pp=1, tp=1, zero=0))
+    assert pipe["bubble"] == pytest.approx(49e-6) and pipe["other"] == pytest.approx(1e-6)
+    assert flat["bubble"] == pytest.approx(10e-6) and flat["other"] == pytest.approx(40e-6)
+    assert pipe["compute"] == flat["compute"] == pytest.approx(50e-6)
+
+
 def test_mean_of_breakdowns_is_part_by_part():
     a = analyse_step([sp("ptd:step", 0, 10), sp("ptd:forward", 0, 10)], MAIN, (0, 10))
     b = analyse_step([sp("ptd:step", 0, 30), sp("ptd:optimizer", 0, 30)], MAIN, (0, 30))

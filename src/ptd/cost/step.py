@@ -216,6 +216,12 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
         if k < 1.0:
             c_mb = f + b + rc
             bubble = max(0.0, (m + fill) * c_mb * k - m * c_mb) + fill * (tf + tb)
+        # Each receive the schedule waits on follows a chunk of computation, so where the
+        # calibrated blocking wait applies (shared cores; 0 on GPUs) the stage waits beyond
+        # the transfer, as tensor parallelism's collectives do. Per micro-batch and chunk a
+        # rank receives an activation and a gradient, less the direction its first or last
+        # stage lacks; the measurement counts that wait as bubble (waiting for a neighbour).
+        bubble += m * (2 * v - 1) * cluster.blocking_wait((f + b + rc) / (2 * v))
         pp_n, pp_nodes, _ = _group(plan, cluster, "pp")
         p2p_bytes = act / (plan.tp if plan.sp else 1)
         t_p2p = _coll("send_recv", p2p_bytes, 2, hw, 2 if pp_nodes > 1 else 1)

@@ -24,9 +24,11 @@ pp_comm             exposed sends (and receive launches) of the pipeline
 dp_comm_exposed     exposed collectives of the gradient reduction: DDP's bucket
                     all-reduces, FSDP's all-gathers and reduce-scatters, the runner's
                     explicit gradient average (with its packing copies)
-bubble              pipeline time waiting for a neighbour (receives) or between actions
+bubble              pipeline time waiting for a neighbour (receives) or between actions,
+                    and on a pipeline the wait in the step's loss all-reduce: a stage
+                    that has finished waits there for the others to drain
 optimizer           gradient norm and clipping, AdamW, ZeRO-1's broadcast
-(not modelled)      data wait, the loss all-reduce, ``other``
+(not modelled)      data wait, the loss all-reduce without a pipeline, ``other``
 ==================  ====================================================================
 """
 
@@ -105,6 +107,11 @@ def cost_view(parts: dict[str, float], by_phase: dict[str, dict[str, float]], pl
                 dest = "dp_comm_exposed"
             elif phase == "optimizer":
                 dest = "optimizer"
+            elif phase == "loss" and plan.pp > 1:
+                # The step's loss all-reduce is the first call after the schedule that every
+                # stage makes: one that has finished (1F1B: the last stage) idles there
+                # while the first still runs its last backwards -- the drain of its bubble.
+                dest = "bubble"
             else:
                 dest = "other"
             out[dest] += t

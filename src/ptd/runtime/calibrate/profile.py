@@ -14,6 +14,8 @@
   same dtype and worker count.
 * collectives: ``t = alpha + bus_factor(kind, g) M / busbw`` with ``bus_factor`` from
   :mod:`ptd.cost.comm`, so the fit means what the cost model reads.
+* blocking collectives (CPU): per workers at once, ``(chunk, wait)`` points -- the mean
+  time of an all-reduce after a chunk of matmuls less what the all-reduce fit charges for it.
 """
 
 from __future__ import annotations

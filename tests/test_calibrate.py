@@ -173,7 +173,7 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
     # workers at once: the chunks were timed, longer with more matmuls
     assert set(hw.blocking_wait_measured) == {2}
     pts = hw.blocking_wait_measured[2]
-    assert len(pts) == 3 and pts[0][0] < 1e-3 < pts[1][0] < pts[2][0] < 1.0
+    assert len(pts) == 3 and pts[0][0] < 0.1 * pts[1][0] and pts[1][0] < pts[2][0] < 1.0
     assert all(0 <= w < 0.05 for _, w in pts)
     assert "blocking_collective" not in hw.overheads_measured
     meta = out["meta"]

@@ -147,3 +147,33 @@ def test_cpu_workers_are_forked_unless_torchrun_is_asked_for(monkeypatch):
     monkeypatch.delenv("PTD_LAUNCH")
     monkeypatch.setattr(launch, "gpu_count", lambda: 8)
     assert not launch.fork_ok()  # a forked CUDA context is unusable
+
+
+def test_cpu_workers_fork_from_a_fork_server_not_from_the_agent(monkeypatch, tmp_path):
+    """The agent runs the rendezvous store's threads when it starts the workers, and a child
+    forked from a threaded process can hang on a lock it inherited (one launch here did,
+    in init_process_group): the workers come from the one-thread fork server, which has
+    imported the worker (and pipelining, with pp > 1) before anything forks."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    import torch.distributed.launcher.api as api
+
+    from ptd.runtime import launch, worker
+    from ptd.specs import TrainConfig
+    seen: dict = {}
+    monkeypatch.setattr(multiprocessing, "set_forkserver_preload",
+                        lambda mods: seen.__setitem__("preload", list(mods)))
+    monkeypatch.setattr(forkserver, "ensure_running", lambda: seen.__setitem__(
+        "server_started_after_preload", "preload" in seen))
+
+    def fake_launch(config, fn):
+        seen.update(start_method=config.start_method, fn=fn)
+        return lambda args: seen.__setitem__("args", args)
+    monkeypatch.setattr(api, "elastic_launch", fake_launch)
+    cfg = TrainConfig()
+    cfg = cfg.replace(plan=cfg.plan.replace(dp=1, pp=2))
+    assert launch.fork_workers(cfg, tmp_path / "config.toml", 2, tmp_path / "logs") == 0
+    assert seen["start_method"] == "forkserver" and seen["server_started_after_preload"]
+    assert {"ptd.runtime.worker", "torch.distributed.pipelining"} <= set(seen["preload"])
+    assert seen["fn"] is worker.main and seen["args"] == [str(tmp_path / "config.toml")]

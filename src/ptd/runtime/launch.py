@@ -28,7 +28,6 @@ every node, and on each run torchrun with its own rendezvous flags, e.g. node ``
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
@@ -146,32 +145,42 @@ def fork_ok() -> bool:
 
 def fork_workers(cfg: TrainConfig, config_path: Path, nproc: int, log_dir: Path) -> int:
     """torchrun's own elastic agent (same rendezvous, restarts, error files, signal
-    handling), run in this process with workers forked from it.
+    handling), run in this process, with workers forked from a fork server that has
+    imported torch and the runtime once.
 
     Why: each fresh worker interpreter spends ~4.5 s of CPU importing torch and the parallel
     runtime, and torchrun's interpreter ~3 s more; on a 2-core box a 4-worker run of the tiny
-    model then starts ~10 s before its first step. Imported once here and forked, 2-step runs
-    of ``--nproc 2/4/8`` took 4.4/4.6/5.4 s instead of 5.6/9.4/16.8 s (measured, README).
-    CPU only: a forked CUDA context is unusable, so GPU hosts keep torchrun. Nothing here
-    runs a torch op before the fork (a forked OpenMP pool would hang the workers)."""
+    model then starts ~10 s before its first step. Imported once and forked, it starts in
+    about half the time (measured, README). Why a fork *server* and not a fork of this
+    process: by the time the agent starts workers it runs the rendezvous store's threads
+    (``pt_tcpstore_uv``), and a child forked from a threaded process can inherit a lock some
+    thread held at that instant and never get it: one such launch here hung in
+    ``init_process_group`` until its 300 s timeout (2026-11-23). The fork server has one
+    thread (its imports start none). CPU only: a forked CUDA context is unusable, so GPU
+    hosts keep torchrun. Nothing runs a torch op before the fork (a forked OpenMP pool would
+    hang the workers)."""
     saved = dict(os.environ)
     os.environ.update(worker_env(cfg))  # before torch is imported: its thread pools read it
     try:
+        import multiprocessing
+        from multiprocessing import forkserver
+        # What the workers import, once, in the server: DDP, FSDP and pipelining import
+        # torch._dynamo (~1 s of CPU), and pipelining itself with pp > 1. Started first, so
+        # that its imports run beside the agent's own below.
+        preload = ["ptd.runtime.worker", "torch._dynamo"]
+        preload += ["torch.distributed.pipelining"] if cfg.plan.pp > 1 else []
+        multiprocessing.set_forkserver_preload(preload)
+        forkserver.ensure_running()
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-        from . import worker  # everything the workers import, once
-        # what the workers would each import later: DDP, FSDP and pipelining import
-        # torch._dynamo (~1 s of CPU), and pipelining itself with pp > 1
-        preload = ["torch._dynamo"] + (["torch.distributed.pipelining"] if cfg.plan.pp > 1 else [])
-        for name in preload:
-            importlib.import_module(name)
+        from . import worker
         config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                               run_id=str(uuid.uuid4()), rdzv_backend="c10d",
                               rdzv_endpoint="localhost:0", max_restarts=cfg.max_restarts,
-                              monitor_interval=0.1, start_method="fork",
+                              monitor_interval=0.1, start_method="forkserver",
                               logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)))
         try:
             elastic_launch(config, worker.main)([str(config_path)])

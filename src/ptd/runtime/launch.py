@@ -155,7 +155,8 @@ def fork_workers(cfg: TrainConfig, config_path: Path, nproc: int, log_dir: Path)
     process: by the time the agent starts workers it runs the rendezvous store's threads
     (``pt_tcpstore_uv``), and a child forked from a threaded process can inherit a lock some
     thread held at that instant and never get it: one such launch here hung in
-    ``init_process_group`` until its 300 s timeout (2026-11-23). The fork server has one
+    ``init_process_group`` until its 300 s timeout, two of four workers never reaching the
+    store (2026-11-23; most likely that, not reproduced in 43 more). The fork server has one
     thread (its imports start none). CPU only: a forked CUDA context is unusable, so GPU
     hosts keep torchrun. Nothing runs a torch op before the fork (a forked OpenMP pool would
     hang the workers)."""

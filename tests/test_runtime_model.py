@@ -141,3 +141,25 @@ def test_weight_decay_groups():
               m.layers["0"].attention.wq.bias):
         assert id(p) not in decay
     assert groups[1]["weight_decay"] == 0.0
+
+
+def test_foreach_squared_norm_equals_the_per_tensor_sum():
+    # The GPU path (one _foreach_norm per dtype) must give what the per-tensor loop gives:
+    # the sum of squares of every element, here written out with math.fsum in float64.
+    import math
+
+    from ptd.runtime.optim import squared_norm
+    g = torch.Generator().manual_seed(3)
+    grads = [torch.randn(7, 5, generator=g), torch.randn(11, generator=g),
+             torch.randn(3, 4, generator=g).to(torch.bfloat16)]
+    exact = math.fsum(float(x) ** 2 for t in grads for x in t.double().flatten())
+    for foreach in (True, False):
+        got = float(squared_norm(grads, torch.device("cpu"), foreach=foreach))
+        assert got == pytest.approx(exact, rel=1e-5)
+    assert float(squared_norm([], torch.device("cpu"), foreach=True)) == 0.0
+
+
+def test_fused_adamw_only_for_plain_cuda_parameters():
+    from ptd.runtime.optim import _fused_ok
+    assert not _fused_ok([torch.nn.Parameter(torch.ones(2))])  # CPU keeps the default
+    assert not _fused_ok([])

@@ -9,6 +9,13 @@ Clipping must see the norm of the *whole* gradient, however it is spread over ra
   over axes along which they are replicated -- that would count them twice);
 * ranks that hold *different* parameters that are not DTensors -- pipeline stages -- add
   their totals over :meth:`ParallelDims.grad_norm_groups` (the pp group).
+
+On a GPU, per-tensor loops are launch-bound (a few microseconds per kernel, several kernels
+per tensor): plain CUDA parameters take the fused AdamW kernel, and their gradients' norm
+comes from one ``_foreach_norm``. Measured on an H100 with a 1.9 G-parameter model: AdamW
+58.8 ms (foreach) -> 22.6 ms (fused, at the memory bandwidth); for gpt2-355m the norm went
+23.4 -> 7.2 ms (docs/benchmarks.md). CPU keeps the per-tensor arithmetic its calibrated
+profile measured.
 """
 
 from __future__ import annotations
@@ -46,10 +53,18 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, *, zero: int,
     the parameters are already shards, so plain AdamW keeps sharded states: ZeRO-3.)"""
     groups = param_groups(model, cfg.weight_decay)
     kw = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    if _fused_ok([p for g in groups for p in g["params"]]):
+        kw["fused"] = True
     if zero in (1, 2):  # ZeRO-2 is ZeRO-1's optimizer plus parallel.zero2.ReduceToOwner
         from .parallel.ddp import zero1_optimizer
         return zero1_optimizer(groups, dp_group, **kw)
     return torch.optim.AdamW(groups, **kw)
+
+
+def _fused_ok(params: list[torch.Tensor]) -> bool:
+    """Fused AdamW for plain CUDA parameters (DTensor parameters keep the default
+    implementation, whose sharding rules every torch release supports)."""
+    return bool(params) and all(p.is_cuda and not isinstance(p, DTensor) for p in params)
 
 
 def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
@@ -83,6 +98,7 @@ def global_grad_norm(params: Iterable[torch.Tensor], device: torch.device,
     """The L2 norm of all gradients of the model, over every shard and stage (fp32)."""
     local = torch.zeros((), dtype=torch.float32, device=device)
     by_mesh: dict[tuple[int, tuple[int, ...]], tuple[Any, torch.Tensor]] = {}
+    plain = []
     for p in params:
         g = p.grad
         if g is None:
@@ -97,7 +113,8 @@ def global_grad_norm(params: Iterable[torch.Tensor], device: torch.device,
             mesh, acc = by_mesh.get(key, (g.device_mesh, torch.zeros_like(local)))
             by_mesh[key] = (mesh, acc + sq)
         else:
-            local += g.float().pow(2).sum().to(device)
+            plain.append(g)
+    local += squared_norm(plain, device, foreach=device.type == "cuda")
     for (_, axes), (mesh, acc) in by_mesh.items():
         for axis in axes:
             dist.all_reduce(acc, group=mesh.get_group(axis))
@@ -105,6 +122,24 @@ def global_grad_norm(params: Iterable[torch.Tensor], device: torch.device,
     for group in extra_groups:
         dist.all_reduce(local, group=group)
     return local.sqrt()
+
+
+def squared_norm(grads: list[torch.Tensor], device: torch.device, foreach: bool) -> torch.Tensor:
+    """Sum of squares of ``grads`` in fp32: one ``_foreach_norm`` per dtype (``foreach``), or
+    a per-tensor loop (the arithmetic CPU runs use)."""
+    total = torch.zeros((), dtype=torch.float32, device=device)
+    if not foreach:
+        for g in grads:
+            total += g.float().pow(2).sum().to(device)
+        return total
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for group in by_dtype.values():
+        # accumulate in fp32 whatever the gradients' dtype (a bf16 norm keeps 3 digits)
+        norms = torch._foreach_norm(group, 2.0, dtype=torch.float32)
+        total += torch.stack(norms).pow(2).sum().to(device)
+    return total
 
 
 @torch.no_grad()

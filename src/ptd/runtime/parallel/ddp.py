@@ -22,6 +22,7 @@ Gradient compression (``grad_compression``; DDP only, a plan check):
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -32,13 +33,23 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ...specs import ParallelPlan
 
 
+def _no_buffer_sync() -> dict[str, bool]:
+    """DDP's switch for not broadcasting buffers at every forward (the model's buffers are
+    derived tables, equal on every rank). torch 2.13 names it ``forward_sync_buffers`` and
+    deprecates ``broadcast_buffers``; earlier releases (which GPU images often ship) only
+    know ``broadcast_buffers``."""
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
 def apply_ddp(model: nn.Module, group: ProcessGroup, plan: ParallelPlan, device: torch.device) -> DDP:
     """Wrap a materialised, initialised model; DDP broadcasts rank 0's weights (which
     equal everyone's anyway: the initialisation is seeded by parameter name)."""
     # gradient_as_bucket_view: gradients live inside DDP's communication buckets instead of
     # beside them, which saves one gradient-sized copy (the cost model assumes this).
-    ddp = DDP(model, process_group=group, forward_sync_buffers=False, gradient_as_bucket_view=True,
-              device_ids=[device.index] if device.type == "cuda" else None)
+    ddp = DDP(model, process_group=group, gradient_as_bucket_view=True,
+              device_ids=[device.index] if device.type == "cuda" else None, **_no_buffer_sync())
     if plan.grad_compression == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)

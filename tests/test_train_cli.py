@@ -177,3 +177,21 @@ def test_cpu_workers_fork_from_a_fork_server_not_from_the_agent(monkeypatch, tmp
     assert seen["start_method"] == "forkserver" and seen["server_started_after_preload"]
     assert {"ptd.runtime.worker", "torch.distributed.pipelining"} <= set(seen["preload"])
     assert seen["fn"] is worker.main and seen["args"] == [str(tmp_path / "config.toml")]
+
+
+@pytest.mark.timeout(60)
+def test_fork_server_and_resource_tracker_are_stopped_before_the_outcome_is_printed():
+    """A crashed worker leaves semaphores registered with multiprocessing's resource tracker,
+    which warns about them when it exits, and it exits only after the fork server: left to
+    interpreter exit, that warning landed after ptd's last line ("ptd: error: training
+    failed ..."). stop_fork_server ends both, so the outcome line is printed last."""
+    from multiprocessing import forkserver, resource_tracker
+
+    from ptd.runtime.launch import stop_fork_server
+    forkserver.ensure_running()
+    resource_tracker.ensure_running()
+    assert forkserver._forkserver._forkserver_pid is not None
+    assert resource_tracker._resource_tracker._pid is not None
+    stop_fork_server()
+    assert forkserver._forkserver._forkserver_pid is None
+    assert resource_tracker._resource_tracker._pid is None

@@ -191,8 +191,26 @@ def fork_workers(cfg: TrainConfig, config_path: Path, nproc: int, log_dir: Path)
             return 128 + int(e.sigval)
         return 0
     finally:
+        stop_fork_server()
         os.environ.clear()
         os.environ.update(saved)
+
+
+def stop_fork_server(timeout: float = 10.0) -> None:
+    """Stop the fork server, then multiprocessing's resource tracker, before ``ptd train``
+    prints its outcome. The tracker cleans up semaphores a crashed worker left registered
+    and warns about them on stderr; it exits only when every holder of its pipe (the fork
+    server too) has gone, so left to interpreter exit its warning came after ptd's last
+    line, where people and scripts read the outcome. Bounded: a stop that hangs is left."""
+    import threading
+    from multiprocessing import forkserver, resource_tracker
+
+    def stop() -> None:
+        for server in (forkserver._forkserver, resource_tracker._resource_tracker):
+            getattr(server, "_stop", lambda: None)()
+    t = threading.Thread(target=stop, daemon=True)
+    t.start()
+    t.join(timeout)
 
 
 def start_workers(cfg: TrainConfig, config_path: Path, nproc: int) -> int:

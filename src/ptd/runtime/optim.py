@@ -96,26 +96,24 @@ def _sharded_axes(t: DTensor) -> tuple[int, ...]:
 def global_grad_norm(params: Iterable[torch.Tensor], device: torch.device,
                      extra_groups: Iterable[dist.ProcessGroup] = ()) -> torch.Tensor:
     """The L2 norm of all gradients of the model, over every shard and stage (fp32)."""
-    local = torch.zeros((), dtype=torch.float32, device=device)
-    by_mesh: dict[tuple[int, tuple[int, ...]], tuple[Any, torch.Tensor]] = {}
-    plain = []
+    plain: list[torch.Tensor] = []  # identical on every rank that holds them
+    sharded: dict[tuple[int, tuple[int, ...]], tuple[Any, list[torch.Tensor]]] = {}
     for p in params:
         g = p.grad
         if g is None:
             continue
-        if isinstance(g, DTensor):
-            sq = g.to_local().float().pow(2).sum().to(device)
-            axes = _sharded_axes(g)
-            if not axes:
-                local += sq
-                continue
-            key = (id(g.device_mesh), axes)
-            mesh, acc = by_mesh.get(key, (g.device_mesh, torch.zeros_like(local)))
-            by_mesh[key] = (mesh, acc + sq)
-        else:
+        if not isinstance(g, DTensor):
             plain.append(g)
-    local += squared_norm(plain, device, foreach=device.type == "cuda")
-    for (_, axes), (mesh, acc) in by_mesh.items():
+            continue
+        axes = _sharded_axes(g)
+        if not axes:
+            plain.append(g.to_local())
+            continue
+        sharded.setdefault((id(g.device_mesh), axes), (g.device_mesh, []))[1].append(g.to_local())
+    foreach = device.type == "cuda"
+    local = squared_norm(plain, device, foreach)
+    for (_, axes), (mesh, shards) in sharded.items():
+        acc = squared_norm(shards, device, foreach)
         for axis in axes:
             dist.all_reduce(acc, group=mesh.get_group(axis))
         local += acc

@@ -1,8 +1,14 @@
+import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# No test calibrates the machine unless it means to (``ptd train`` would, on a first run:
+# ptd.runtime.calibrate.first_run); the runs tests start inherit this, each with its own
+# PTD_HOME. Tests of the first-run calibration turn it back on.
+os.environ["PTD_AUTO_CALIBRATE"] = "0"
 
 
 @pytest.fixture

@@ -3,6 +3,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import forbid_processes
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # No test calibrates the machine unless it means to (``ptd train`` would, on a first run:
@@ -22,20 +24,6 @@ def ptd_cli(capsys):
         return rc, out, err
 
     return run
-
-
-def forbid_processes(monkeypatch, start_workers=None):
-    """Fail the test if anything starts a worker, a torchrun or any subprocess; with
-    ``start_workers``, calls to the launcher go there instead (to record them)."""
-    import subprocess
-
-    import ptd.runtime.launch as launch
-
-    def boom(*a, **k):
-        raise AssertionError("a worker or a process was started")
-    monkeypatch.setattr(launch, "start_workers", start_workers or boom)
-    monkeypatch.setattr(subprocess, "run", boom)
-    monkeypatch.setattr(subprocess, "Popen", boom)
 
 
 @pytest.fixture

@@ -1,28 +1,34 @@
 """Tensor, sequence and pipeline parallelism through ``ptd train``: per-step losses of every
-layout of the issue against one process (fp32, same seed, data and global batch, 10 steps),
+layout against one process (fp32, same seed, data and global batch, 10 steps),
 bf16 + recompute on the 3-D mesh, and plans refused before any worker starts.
 
 Each run is its own ``ptd train`` process (torchrun, gloo) with the parity harness of
-``test_train_dist`` (``PTD_DUMP_PARAMS=1``: rank 0 saves the whole model's parameters,
+``helpers.ptd_train`` (``dump_params``: rank 0 saves the whole model's parameters,
 gathered over shards and pipeline stages, before the first and after the last step).
 Every run holds out the same validation tail; the reference and the runs marked ``EVAL``
 also evaluate (``--eval-every 5``), so the forward-only paths (pipeline and
 vocabulary-parallel loss) are compared too.
 """
 
+import functools
 import json
 import math
 
 import pytest
 import torch
 
-from test_train_dist import COMMON as DIST_COMMON, grad_norms, losses, params, trained
+import helpers
+from helpers import grad_norms, losses, params, records
 
 pytestmark = pytest.mark.dist
 
-COMMON = [*DIST_COMMON, "--val-fraction", "0.05"]
+# tiny Llama-style model (GQA, RoPE, SwiGLU), 8 sequences of 64 tokens per step, 10 steps.
+COMMON = ["--model", "tiny", "--steps", "10", "--global-batch", "8", "--seq-len", "64",
+          "--warmup", "3", "--timeout", "60", "--val-fraction", "0.05"]
 EVAL = ["--eval-every", "5"]
 RUN_TIMEOUT = 150
+# every run saves its parameters before the first and after the last step
+trained = functools.partial(helpers.trained, dump_params=True, timeout=RUN_TIMEOUT)
 
 # (id, flags, tolerance on the per-step loss relative to the single process): 1e-4 where a
 # matmul is split over tp ranks (sums in another order), 1e-5 where none is.
@@ -43,7 +49,7 @@ LAYOUTS = [
     ("dp2-pp2-zero1", ["--nproc", "4", "--dp", "2", "--pp", "2", "--zero", "1",
                        "--micro-batch", "2"], 1e-5),
     ("pp2-tp2-sp", ["--nproc", "4", "--pp", "2", "--tp", "2", "--sp", "--micro-batch", "2"], 1e-4),
-    # the issue's example command
+    # the 3-D example of docs/parallelism.md
     ("pp2-dp2-tp2-zero1-sp", ["--nproc", "8", "--pp", "2", "--dp", "2", "--tp", "2", "--zero", "1",
                               "--sp", "--micro-batch", "2", *EVAL], 1e-4),
 ]
@@ -52,10 +58,6 @@ LAYOUTS = [
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
     return tmp_path_factory.mktemp("ptd_home")
-
-
-def records(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")

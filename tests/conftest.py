@@ -1,4 +1,7 @@
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -7,9 +10,15 @@ from helpers import forbid_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Tests keep their own ptd home: no hardware profile or data cache of whoever runs them
+# (~/.ptd, ~/.cache/ptd, $PTD_HOME) reaches a test, and none is written there. Many tests
+# give each run a home of its own on top of this one.
+_HOME = tempfile.mkdtemp(prefix="ptd-test-home-")
+os.environ["PTD_HOME"] = _HOME
+atexit.register(shutil.rmtree, _HOME, True)
 # No test calibrates the machine unless it means to (``ptd train`` would, on a first run:
-# ptd.runtime.calibrate.first_run); the runs tests start inherit this, each with its own
-# PTD_HOME. Tests of the first-run calibration turn it back on.
+# ptd.runtime.calibrate.first_run); the runs tests start inherit this. Tests of the
+# first-run calibration turn it back on.
 os.environ["PTD_AUTO_CALIBRATE"] = "0"
 
 

@@ -109,7 +109,7 @@ def test_loss_parity_with_single_process(reference, home, tmp_path, flags, rel, 
     summary = json.loads((run / "summary.json").read_text())
     nproc = int(flags[flags.index("--nproc") + 1])
     assert summary["world_size"] == nproc == summary["plan"]["dp"] * summary["plan"]["tp"] * summary["plan"]["pp"]
-    # the README's parity table: pytest tests/test_train_tppp.py -k parity -s | grep PARITY
+    # the parity table of docs/benchmarks.md: pytest tests/test_train_tppp.py -k parity -s | grep PARITY
     print(f"\nPARITY | {request.node.callspec.id} | {' '.join(flags)} | {worst:.1e} | {params_rel:.1e} |")
 
 

@@ -34,7 +34,8 @@ def rel(p: Path) -> str:
 
 def slug(heading: str) -> str:
     """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"`|\*\*|__", "", heading.strip()).lower()
+    text = re.sub(r"\s+#+\s*$", "", heading.strip())  # an ATX heading's closing hashes
+    text = re.sub(r"`|\*\*|__", "", text).lower()
     text = "".join(c for c in text if c in " -_" or unicodedata.category(c)[0] in "LN")
     return text.replace(" ", "-")
 
@@ -172,9 +173,9 @@ def test_checker_finds_a_wrong_flag_and_its_line(tmp_path, parsers):
 
 
 def test_checker_finds_a_missing_file_and_anchor(tmp_path):
-    (tmp_path / "b.md").write_text("# Title\n\n## `ptd plan --try` on this machine\n")
+    (tmp_path / "b.md").write_text("# Title\n\n## `ptd plan --try` on this machine\n\n## Closed ##\n")
     doc = tmp_path / "a.md"
-    doc.write_text("see [b](b.md) and [the try](b.md#ptd-plan---try-on-this-machine),\n"
+    doc.write_text("see [b](b.md), [closed](b.md#closed), [the try](b.md#ptd-plan---try-on-this-machine),\n"
                    "[gone](c.md), [no such part](b.md#nowhere) and [web](https://x.org)\n"
                    "```\n[not a link](d.md)\n```\n")
     bad = broken_links(doc)

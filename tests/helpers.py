@@ -62,6 +62,56 @@ def params(out: Path, which: str = "final") -> dict[str, Any]:
     return torch.load(Path(out) / f"params_{which}.pt")
 
 
+def assert_same_params(run: Path, ref: Path, rel: float = 1e-5) -> float:
+    """Two ``dump_params`` runs: the final parameters within ``rel`` of their norm (L2 over
+    all tensors), the initial ones bit-identical (the init is seeded by name, not layout).
+    Returns the final parameters' relative difference."""
+    import math
+
+    import torch
+    pa, pb = params(run), params(ref)
+    assert set(pa) == set(pb)
+    diff = math.sqrt(sum(float(((pa[k].double() - pb[k].double()) ** 2).sum()) for k in pb))
+    norm = math.sqrt(sum(float((pb[k].double() ** 2).sum()) for k in pb))
+    assert diff <= rel * norm, f"parameters differ by {diff / norm:.2e} of their norm"
+    ia, ib = params(run, "init"), params(ref, "init")
+    assert all(torch.equal(ia[k], ib[k]) for k in ib)
+    return diff / norm
+
+
+# ----------------------------------------------------------------- processes without ptd
+
+
+def _in_world(worker: Any, rank: int, world: int, store: str, q: Any) -> None:
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank,
+                            world_size=world)
+    try:
+        q.put((rank, worker(rank, world)))
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_world(worker: Any, world: int, store: Path, timeout: float = 80) -> dict[int, Any]:
+    """``worker(rank, world)`` in each of ``world`` spawned processes, one thread each,
+    joined in a gloo process group over a file store at ``store``; their results by rank.
+    ``worker`` must be a module-level function (spawn pickles it by name)."""
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_in_world, args=(worker, r, world, str(store), q))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    out = dict(q.get(timeout=timeout) for _ in range(world))
+    for p in procs:
+        p.join(timeout=30)
+    assert sorted(out) == list(range(world))
+    return out
+
+
 # ----------------------------------------------------------------- specs
 
 

@@ -15,10 +15,9 @@ import json
 import math
 
 import pytest
-import torch
 
 import helpers
-from helpers import grad_norms, losses, params, records
+from helpers import assert_same_params, grad_norms, losses, records
 
 pytestmark = pytest.mark.dist
 
@@ -85,20 +84,14 @@ def assert_parity(run, ref, rel, evaluated):
     assert len(vb) == 2 and len(va) == (2 if evaluated else 0)
     if evaluated:
         assert max_rel(va, vb) <= rel, (va, vb)
-    pa, pb = params(run), params(ref)
-    assert set(pa) == set(pb)
-    diff = math.sqrt(sum(float(((pa[k].double() - pb[k].double()) ** 2).sum()) for k in pb))
-    norm = math.sqrt(sum(float((pb[k].double() ** 2).sum()) for k in pb))
-    assert diff <= 1e-5 * norm, f"parameters differ by {diff / norm:.2e} of their norm"
-    ia, ib = params(run, "init"), params(ref, "init")
-    assert all(torch.equal(ia[k], ib[k]) for k in ib)  # tp slices of the same full tensors
+    param_rel = assert_same_params(run, ref, 1e-5)  # initial: tp slices of the same full tensors
     assert lb[-1] < lb[0] - 0.3
     # metrics: tokens of the whole global batch, whatever the layout
     last = records(run)[-1]
     assert last["tokens"] == records(ref)[-1]["tokens"] == 10 * 8 * 64
     summary = json.loads((run / "summary.json").read_text())
     assert summary["runtime_params"] == summary["param_count"]
-    return max_rel(la, lb), diff / norm
+    return max_rel(la, lb), param_rel
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 60)

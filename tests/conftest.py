@@ -1,8 +1,25 @@
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from helpers import forbid_processes
+
 ROOT = Path(__file__).resolve().parents[1]
+
+# Tests keep their own ptd home: no hardware profile or data cache of whoever runs them
+# (~/.ptd, ~/.cache/ptd, $PTD_HOME) reaches a test, and none is written there. Many tests
+# give each run a home of its own on top of this one.
+_HOME = tempfile.mkdtemp(prefix="ptd-test-home-")
+os.environ["PTD_HOME"] = _HOME
+atexit.register(shutil.rmtree, _HOME, True)
+# No test calibrates the machine unless it means to (``ptd train`` would, on a first run:
+# ptd.runtime.calibrate.first_run); the runs tests start inherit this. Tests of the
+# first-run calibration turn it back on.
+os.environ["PTD_AUTO_CALIBRATE"] = "0"
 
 
 @pytest.fixture
@@ -16,20 +33,6 @@ def ptd_cli(capsys):
         return rc, out, err
 
     return run
-
-
-def forbid_processes(monkeypatch, start_workers=None):
-    """Fail the test if anything starts a worker, a torchrun or any subprocess; with
-    ``start_workers``, calls to the launcher go there instead (to record them)."""
-    import subprocess
-
-    import ptd.runtime.launch as launch
-
-    def boom(*a, **k):
-        raise AssertionError("a worker or a process was started")
-    monkeypatch.setattr(launch, "start_workers", start_workers or boom)
-    monkeypatch.setattr(subprocess, "run", boom)
-    monkeypatch.setattr(subprocess, "Popen", boom)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import forbid_processes
+from helpers import forbid_processes
 from ptd.cli import main
 from ptd.errors import PtdError
 from ptd.runtime.checkpoint import restore, store

@@ -7,16 +7,16 @@ checkpoint every 4 of their 8 steps; they are also the references the resumed ru
 compared with.
 """
 
+import functools
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
+import helpers
+from helpers import losses, ok, records
 from ptd.runtime.checkpoint import restore
 
 pytestmark = pytest.mark.dist
@@ -39,7 +39,7 @@ RESHARDS = [
     ("dp2-zero3", ["--nproc", "4", "--zero", "1", "--micro-batch", "2"], 1e-5),
     ("dp2-zero3", ["--nproc", "1", "--micro-batch", "8"], 1e-5),
     ("dp2-zero0-async", ["--nproc", "2", "--zero", "2", "--micro-batch", "4"], 1e-5),
-    # Out of tensor parallelism: split matmuls sum in another order, hence 1e-4 (issue 4's bound).
+    # Out of tensor parallelism: split matmuls sum in another order, hence 1e-4.
     ("dp2-tp2-zero1", ["--nproc", "4", "--dp", "4", "--tp", "1", "--micro-batch", "2"], 1e-4),
     ("dp2-tp2-zero1", ["--nproc", "4", "--pp", "2", "--tp", "2", "--dp", "1", "--zero", "0",
                        "--micro-batch", "2"], 1e-4),
@@ -52,25 +52,12 @@ def home(tmp_path_factory):
     return tmp_path_factory.mktemp("ptd_home")
 
 
-def train(out, *flags, home, extra_env=None, common=COMMON, timeout=RUN_TIMEOUT):
-    env = {k: v for k, v in os.environ.items() if k not in ("PTD_FAULT", "PTD_DUMP_PARAMS")}
-    env.update(PTD_HOME=str(home), **(extra_env or {}))
-    return subprocess.run([sys.executable, "-m", "ptd", "train", *common, *flags, "--out", str(out)],
-                          env=env, capture_output=True, text=True, timeout=timeout)
+train = functools.partial(helpers.ptd_train, common=COMMON, timeout=RUN_TIMEOUT)
 
 
-def trained(out, *flags, home, **kw):
-    r = train(out, *flags, home=home, **kw)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-8000:]
-    return r
-
-
-def records(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def losses(out):
-    return [r["loss"] for r in records(out)]
+def trained(out, *flags, **kw):
+    """A run that must succeed; its completed process (stderr says what it resumed)."""
+    return ok(train(out, *flags, **kw))
 
 
 def checkpoints(out):
@@ -86,7 +73,7 @@ def source(tmp_path_factory, home):
         if name not in made:
             out = tmp_path_factory.mktemp(name) / "run"
             trained(out, *SOURCES[name], "--checkpoint-every", "4", "--checkpoint-keep", "3",
-                    home=home, extra_env={"PTD_DUMP_PARAMS": "1"})
+                    home=home, dump_params=True)
             assert checkpoints(out) == ["step_00000004", "step_00000008"]
             made[name] = out
         return made[name]
@@ -108,11 +95,11 @@ def test_kill_and_resume_is_exact(source, home, tmp_path):
     ref = source("dp2-zero1")
     out = tmp_path / "run"
     r = train(out, *SOURCES["dp2-zero1"], "--checkpoint-every", "4", home=home,
-              extra_env={"PTD_FAULT": "kill:rank=1:step=7"})
+              env={"PTD_FAULT": "kill:rank=1:step=7"})
     assert r.returncode != 0
     assert checkpoints(out) == ["step_00000004"] and len(losses(out)) == 6
     # `ptd train --resume RUN` alone: the run's own config, from its newest good checkpoint.
-    r = trained(out, "--resume", str(out), home=home, common=[], extra_env={"PTD_DUMP_PARAMS": "1"})
+    r = trained(out, "--resume", str(out), home=home, common=[], dump_params=True)
     assert re.search(r"resumed from \S+step_00000004 at step 4 .*RNG states restored", r.stderr)
     assert losses(out) == losses(ref)  # bit for bit, ZeRO-1 optimizer states included
     pa, pb = torch.load(out / "params_final.pt"), torch.load(ref / "params_final.pt")
@@ -140,7 +127,7 @@ def test_sigkill_elastic_restart_resumes_by_itself(source, home, tmp_path):
     out = tmp_path / "elastic"
     r = trained(out, "--nproc", "2", "--zero", "0", "--micro-batch", "4", "--checkpoint-every", "2",
                 "--max-restarts", "1", home=home,
-                extra_env={"PTD_FAULT": "kill:rank=1:step=6:restart=0"})
+                env={"PTD_FAULT": "kill:rank=1:step=6:restart=0"})
     # torchrun saw a worker fail: rank 1 of its SIGKILL (exitcode -9), or rank 0 first, of the
     # broken connection to its dead peer (which of the two it notices first is a race) ...
     assert re.search(r"failed \(exitcode: (-9|1)\) local_rank: [01]", r.stderr), r.stderr[-2000:]
@@ -168,7 +155,7 @@ def test_truncated_checkpoint_is_refused_and_the_previous_one_used(source, home,
 def test_nan_loss_stops_the_run_and_is_never_checkpointed(home, tmp_path):
     out = tmp_path / "nan"
     r = train(out, "--nproc", "2", "--micro-batch", "4", "--checkpoint-every", "2",
-              "--max-restarts", "1", home=home, extra_env={"PTD_FAULT": "nan:rank=1:step=3"})
+              "--max-restarts", "1", home=home, env={"PTD_FAULT": "nan:rank=1:step=3"})
     assert r.returncode == 1
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("ptd: error: training stopped: non-finite loss (nan / nan) at step 3"), last
@@ -183,7 +170,7 @@ def test_nan_loss_stops_the_run_and_is_never_checkpointed(home, tmp_path):
 def test_on_nan_skip_skips_the_update_and_goes_on(home, tmp_path):
     out = tmp_path / "skip"
     trained(out, "--nproc", "1", "--micro-batch", "8", "--checkpoint-every", "4", "--on-nan", "skip",
-            home=home, extra_env={"PTD_FAULT": "nan:rank=0:step=3"})
+            home=home, env={"PTD_FAULT": "nan:rank=0:step=3"})
     recs = records(out)
     assert [x["skipped"] for x in recs] == [False, False, True] + [False] * 5
     assert all(x["loss"] == x["loss"] for i, x in enumerate(recs) if i != 2)

@@ -9,16 +9,10 @@ from ptd.cost import comm, memory as M
 from ptd.cost import params as P
 from ptd.cost.estimate import FREE_KNOBS, CostOptions, choose, estimate
 from ptd.cost.flops import flops_per_token, megatron_flops_per_iteration
+from helpers import gpt
 from ptd.specs import ClusterSpec, ParallelPlan, get_preset, load_hardware
 
 GiB = 2**30
-
-
-def gpt(L, h, a, V=51200, S=2048, dropout=0.0):
-    """A Megatron-style GPT: F = 4h, multi-head attention, LayerNorm, learned positions."""
-    return get_preset("gpt2").replace(name=f"gpt-{L}x{h}", n_layers=L, hidden=h, n_heads=a,
-                                      n_kv_heads=a, ffn_hidden=4 * h, vocab_size=V,
-                                      max_seq_len=S, dropout=dropout)
 
 
 # ---------------------------------------------------------------- ZeRO paper

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from conftest import forbid_processes
+from helpers import forbid_processes
 from ptd.cli import main
 from ptd.specs import ParallelPlan, TrainConfig
 from ptd.specs.tomlio import dumps

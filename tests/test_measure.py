@@ -1,14 +1,13 @@
-"""Measurement of real runs (issue 5): the step-time breakdown from profiler spans, model
+"""Measurement of real runs: the step-time breakdown from profiler spans, model
 states counted from tensors, the activation tracker, and predicted vs measured in the
 ``summary.json`` of real multi-process runs (DDP, tensor parallel, pipeline)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from helpers import ok, ptd_train
 
 from ptd.runtime.measure.memory import ActivationTracker, model_state_bytes
 from ptd.runtime.measure.timeline import Span, analyse_step, comm_kind, mean_breakdown
@@ -202,10 +201,8 @@ COMMON = ["--model", "tiny", "--steps", "6", "--global-batch", "8", "--seq-len",
 
 
 def train(out, *flags):
-    env = dict(os.environ, PTD_HOME=str(out.parent / "home"), OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-m", "ptd", "train", *COMMON, *flags, "--out", str(out)],
-                       env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-6000:]
+    r = ok(ptd_train(out, *flags, home=out.parent / "home", common=COMMON,
+                     env={"OMP_NUM_THREADS": "1"}, timeout=RUN_TIMEOUT))
     assert "terminate called" not in r.stderr and "USDT" not in r.stderr
     return json.loads((out / "summary.json").read_text()), r.stdout
 
@@ -233,7 +230,7 @@ def test_every_run_reports_measured_beside_predicted(tmp_path, name, flags):
     assert m["memory"]["model_states_equal_per_rank"] is True
     assert m["memory"]["model_states"] == p["memory"]["model_states"]
     act = m["memory"]["activations"] / p["memory"]["activations"]
-    assert 0.8 < act < 1.2, act  # issue 5: the activation peak within 20%
+    assert 0.8 < act < 1.2, act  # the activation peak within 20%
     # the dimension's own cost shows up where it should
     if name == "ddp":
         assert m["comm_total_s"]["all_reduce"] > 0

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from helpers import cluster, gpt
 from ptd.cost.estimate import FREE_KNOBS, CostOptions, candidates, choose, estimate
 from ptd.cost.flops import megatron_flops_per_iteration
 from ptd.errors import PtdError
@@ -13,18 +14,7 @@ from ptd.planner.explain import explain
 from ptd.planner.pareto import pareto_front, thin
 from ptd.planner.search import (DIMENSIONS, dimension_values, objective_key, parse_fix,
                                 ranked_plans, search)
-from ptd.specs import ClusterSpec, ParallelPlan, get_preset, load_hardware
-
-
-def cluster(hw, n, per_node=0):
-    return ClusterSpec(load_hardware(hw), n, per_node)
-
-
-def gpt(L, h, a, V=51200, S=2048, dropout=0.0):
-    """A Megatron-style GPT (as in tests/test_cost.py)."""
-    return get_preset("gpt2").replace(name=f"gpt-{L}x{h}", n_layers=L, hidden=h, n_heads=a,
-                                      n_kv_heads=a, ffn_hidden=4 * h, vocab_size=V,
-                                      max_seq_len=S, dropout=dropout)
+from ptd.specs import ParallelPlan, get_preset
 
 
 @pytest.fixture(scope="module")

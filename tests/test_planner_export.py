@@ -8,11 +8,12 @@ import tomllib
 
 import pytest
 
+from helpers import cluster
 from ptd.cost.estimate import CostOptions
 from ptd.cost.params import layers_per_rank
 from ptd.planner import export as X
 from ptd.planner.search import search
-from ptd.specs import ClusterSpec, get_preset, load_config, load_hardware
+from ptd.specs import get_preset, load_config
 
 # ---------------------------------------------------------------- torchtitan
 # torchtitan/config/job_config.py (pytorch/torchtitan, commit 000204a4a8bf), the dataclasses
@@ -106,10 +107,6 @@ PIPELINE_MODULE_KWARGS = {"num_stages", "topology", "loss_fn", "seed_layers", "s
                           "base_seed", "partition_method", "activation_checkpoint_interval",
                           "activation_checkpoint_func", "checkpointable_layers",
                           "dynamic_shape"}
-
-
-def cluster(hw, n, per_node=0):
-    return ClusterSpec(load_hardware(hw), n, per_node)
 
 
 @pytest.fixture(scope="module")

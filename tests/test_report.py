@@ -277,6 +277,25 @@ def test_stopped_run_without_measurement_still_renders(ptd_cli, tmp_path):
     assert external_refs(html) == []
 
 
+def test_steps_are_printed_as_ranges(ptd_cli, tmp_path):
+    from ptd.fmt import step_ranges
+    assert step_ranges([6, 7, 8]) == "6-8"
+    assert step_ranges([3]) == "3"
+    assert step_ranges([9, 1, 2, 3, 5, 7, 8, 2]) == "1-3, 5, 7-9"
+    assert step_ranges([]) == ""
+    s = summary()
+    s["measured"]["clean_steps"] = [6] + list(range(8, 201))     # step 7 profiled, say
+    losses = [5.0] * 8
+    losses[3] = losses[4] = losses[6] = float("nan")             # steps 4, 5, 7
+    run = make_run(tmp_path / "run", s, metrics(losses, {}))
+    rc, _, err = ptd_cli("report", str(run))
+    assert rc == 0, err
+    html = (run / "report.html").read_text()
+    assert "measured step time: mean of steps 6, 8-200 (no warm-up" in html
+    assert "8, 9" not in html
+    assert "non-finite loss at step(s) 4-5, 7" in html
+
+
 def test_crashed_run_with_metrics_only(ptd_cli, tmp_path):
     run = make_run(tmp_path / "run", summ=False, recs=metrics(LOSSES[:4], {}))
     rc, _, err = ptd_cli("report", str(run))

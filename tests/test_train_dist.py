@@ -5,14 +5,15 @@ Every run is its own ``ptd train`` process with its own world. ``PTD_DUMP_PARAMS
 rank 0 save the consolidated parameters before the first and after the last step.
 """
 
+import functools
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+
+import helpers
+from helpers import assert_same_params, grad_norms, losses, params
 
 pytestmark = pytest.mark.dist
 
@@ -27,30 +28,9 @@ def home(tmp_path_factory):
     return tmp_path_factory.mktemp("ptd_home")
 
 
-def train(out, *flags, home, extra_env=None, common=COMMON, timeout=RUN_TIMEOUT):
-    env = {k: v for k, v in os.environ.items() if k != "PTD_FAULT"}
-    env.update(PTD_HOME=str(home), PTD_DUMP_PARAMS="1", **(extra_env or {}))
-    r = subprocess.run([sys.executable, "-m", "ptd", "train", *common, *flags, "--out", str(out)],
-                       env=env, capture_output=True, text=True, timeout=timeout)
-    return r
-
-
-def trained(out, *flags, home, **kw):
-    r = train(out, *flags, home=home, **kw)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return out
-
-
-def losses(out):
-    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def grad_norms(out):
-    return [json.loads(line)["grad_norm"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def params(out, which="final"):
-    return torch.load(out / f"params_{which}.pt")
+# every run saves its parameters before the first and after the last step
+train = functools.partial(helpers.ptd_train, common=COMMON, dump_params=True, timeout=RUN_TIMEOUT)
+trained = functools.partial(helpers.trained, common=COMMON, dump_params=True, timeout=RUN_TIMEOUT)
 
 
 def assert_same_run(run, ref):
@@ -64,15 +44,10 @@ def assert_same_run(run, ref):
     # the clipping threshold 1.0 early on, so clipping is exercised.
     assert grad_norms(run) == pytest.approx(grad_norms(ref), rel=1e-4)
     assert grad_norms(ref)[0] > 1.0
-    pa, pb = params(run), params(ref)
-    assert set(pa) == set(pb)
-    diff = math.sqrt(sum(float(((pa[k].double() - pb[k].double()) ** 2).sum()) for k in pb))
-    norm = math.sqrt(sum(float((pb[k].double() ** 2).sum()) for k in pb))
-    assert diff <= 1e-5 * norm, f"parameters differ by {diff / norm:.2e} of their norm"
-    ia, ib = params(run, "init"), params(ref, "init")
-    assert all(torch.equal(ia[k], ib[k]) for k in ib)
+    assert_same_params(run, ref, 1e-5)
     # The run really trained (guards against comparing two runs that did nothing).
     assert lb[-1] < lb[0] - 0.3
+    pb, ib = params(ref), params(ref, "init")
     assert any(not torch.equal(pb[k], ib[k]) for k in pb)
 
 
@@ -146,7 +121,7 @@ def test_crashing_worker_fails_the_run_with_its_error(home, tmp_path, launch):
     # fork: CPU workers forked from ptd train's own elastic agent (the default here);
     # torchrun: fresh worker interpreters under a torchrun process (GPU hosts)
     r = train(tmp_path / "crash", "--nproc", "2", "--micro-batch", "4", home=home,
-              extra_env={"PTD_FAULT": "crash:rank=1:step=3", "PTD_LAUNCH": launch})
+              env={"PTD_FAULT": "crash:rank=1:step=3", "PTD_LAUNCH": launch})
     assert r.returncode != 0
     assert "PTD_FAULT: injected crash on rank 1 at step 3" in r.stderr
     last = r.stderr.strip().splitlines()[-1]
@@ -159,7 +134,7 @@ def test_crashing_worker_fails_the_run_with_its_error(home, tmp_path, launch):
 def test_hanging_worker_becomes_an_error_after_the_timeout(home, tmp_path):
     # Rank 1 stops answering at step 2; rank 0's collective gives up after --timeout 5.
     r = train(tmp_path / "hang", "--nproc", "2", "--micro-batch", "4", "--timeout", "5",
-              home=home, extra_env={"PTD_FAULT": "hang:rank=1:step=2"})
+              home=home, env={"PTD_FAULT": "hang:rank=1:step=2"})
     assert r.returncode != 0
     assert "Timed out" in r.stderr or "timed out" in r.stderr.lower()
     last = r.stderr.strip().splitlines()[-1]

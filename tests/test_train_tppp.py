@@ -1,28 +1,33 @@
 """Tensor, sequence and pipeline parallelism through ``ptd train``: per-step losses of every
-layout of the issue against one process (fp32, same seed, data and global batch, 10 steps),
+layout against one process (fp32, same seed, data and global batch, 10 steps),
 bf16 + recompute on the 3-D mesh, and plans refused before any worker starts.
 
 Each run is its own ``ptd train`` process (torchrun, gloo) with the parity harness of
-``test_train_dist`` (``PTD_DUMP_PARAMS=1``: rank 0 saves the whole model's parameters,
+``helpers.ptd_train`` (``dump_params``: rank 0 saves the whole model's parameters,
 gathered over shards and pipeline stages, before the first and after the last step).
 Every run holds out the same validation tail; the reference and the runs marked ``EVAL``
 also evaluate (``--eval-every 5``), so the forward-only paths (pipeline and
 vocabulary-parallel loss) are compared too.
 """
 
+import functools
 import json
 import math
 
 import pytest
-import torch
 
-from test_train_dist import COMMON as DIST_COMMON, grad_norms, losses, params, trained
+import helpers
+from helpers import assert_same_params, grad_norms, losses, records
 
 pytestmark = pytest.mark.dist
 
-COMMON = [*DIST_COMMON, "--val-fraction", "0.05"]
+# tiny Llama-style model (GQA, RoPE, SwiGLU), 8 sequences of 64 tokens per step, 10 steps.
+COMMON = ["--model", "tiny", "--steps", "10", "--global-batch", "8", "--seq-len", "64",
+          "--warmup", "3", "--timeout", "60", "--val-fraction", "0.05"]
 EVAL = ["--eval-every", "5"]
 RUN_TIMEOUT = 150
+# every run saves its parameters before the first and after the last step
+trained = functools.partial(helpers.trained, dump_params=True, timeout=RUN_TIMEOUT)
 
 # (id, flags, tolerance on the per-step loss relative to the single process): 1e-4 where a
 # matmul is split over tp ranks (sums in another order), 1e-5 where none is.
@@ -43,7 +48,7 @@ LAYOUTS = [
     ("dp2-pp2-zero1", ["--nproc", "4", "--dp", "2", "--pp", "2", "--zero", "1",
                        "--micro-batch", "2"], 1e-5),
     ("pp2-tp2-sp", ["--nproc", "4", "--pp", "2", "--tp", "2", "--sp", "--micro-batch", "2"], 1e-4),
-    # the issue's example command
+    # the 3-D example of docs/parallelism.md
     ("pp2-dp2-tp2-zero1-sp", ["--nproc", "8", "--pp", "2", "--dp", "2", "--tp", "2", "--zero", "1",
                               "--sp", "--micro-batch", "2", *EVAL], 1e-4),
 ]
@@ -52,10 +57,6 @@ LAYOUTS = [
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
     return tmp_path_factory.mktemp("ptd_home")
-
-
-def records(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -83,20 +84,14 @@ def assert_parity(run, ref, rel, evaluated):
     assert len(vb) == 2 and len(va) == (2 if evaluated else 0)
     if evaluated:
         assert max_rel(va, vb) <= rel, (va, vb)
-    pa, pb = params(run), params(ref)
-    assert set(pa) == set(pb)
-    diff = math.sqrt(sum(float(((pa[k].double() - pb[k].double()) ** 2).sum()) for k in pb))
-    norm = math.sqrt(sum(float((pb[k].double() ** 2).sum()) for k in pb))
-    assert diff <= 1e-5 * norm, f"parameters differ by {diff / norm:.2e} of their norm"
-    ia, ib = params(run, "init"), params(ref, "init")
-    assert all(torch.equal(ia[k], ib[k]) for k in ib)  # tp slices of the same full tensors
+    param_rel = assert_same_params(run, ref, 1e-5)  # initial: tp slices of the same full tensors
     assert lb[-1] < lb[0] - 0.3
     # metrics: tokens of the whole global batch, whatever the layout
     last = records(run)[-1]
     assert last["tokens"] == records(ref)[-1]["tokens"] == 10 * 8 * 64
     summary = json.loads((run / "summary.json").read_text())
     assert summary["runtime_params"] == summary["param_count"]
-    return max_rel(la, lb), diff / norm
+    return max_rel(la, lb), param_rel
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
@@ -107,7 +102,7 @@ def test_loss_parity_with_single_process(reference, home, tmp_path, flags, rel, 
     summary = json.loads((run / "summary.json").read_text())
     nproc = int(flags[flags.index("--nproc") + 1])
     assert summary["world_size"] == nproc == summary["plan"]["dp"] * summary["plan"]["tp"] * summary["plan"]["pp"]
-    # the README's parity table: pytest tests/test_train_tppp.py -k parity -s | grep PARITY
+    # the parity table of docs/benchmarks.md: pytest tests/test_train_tppp.py -k parity -s | grep PARITY
     print(f"\nPARITY | {request.node.callspec.id} | {' '.join(flags)} | {worst:.1e} | {params_rel:.1e} |")
 
 

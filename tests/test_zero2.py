@@ -7,71 +7,57 @@ there). The loss-parity tests check ZeRO-2 training end to end."""
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from helpers import spawn_world
 
 pytestmark = pytest.mark.dist
 
 
-def _worker(rank: int, world: int, store_path: str, q) -> None:  # type: ignore[no-untyped-def]
+def _worker(rank: int, world: int) -> list:
+    """One rank of a gloo world (``helpers.spawn_world``); its results."""
     from ptd.runtime.parallel.ddp import zero1_optimizer
     from ptd.runtime.parallel.zero2 import ReduceToOwner
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank,
-                            world_size=world)
-    try:
-        results = []
-        for overlap in (False, True):
-            torch.manual_seed(0)  # the same parameters everywhere
-            params = [torch.nn.Parameter(torch.randn(*s))
-                      for s in [(7, 5), (5,), (13, 3), (2, 2), (9,)]]
-            holder = torch.nn.ParameterList(params)
-            opt = zero1_optimizer([{"params": params}], dist.group.WORLD, lr=0.1)
-            # buckets of 40 bytes: several, each with its own rank-major layout
-            reduce = ReduceToOwner(opt, dist.group.WORLD, holder, overlap=overlap, bucket_bytes=40)
-            g = torch.Generator().manual_seed(100 + rank)
-            coefs = [torch.randn(p.shape, generator=g) for p in params]
-            used = [i for i in range(len(params)) if not (i == 3 and rank == 1)]  # rank 1: not 3
-            # (before the backward: with overlap, rank 1 launches the bucket that holds
-            # parameter 3 only when called, so no other collective may come in between)
-            want = [coefs[i].clone() if i in used else torch.zeros_like(params[i])
-                    for i in range(len(params))]
-            for t in want:
-                dist.all_reduce(t)
-                t.div_(world)
-            # d loss / d p = coef: the gradients are known; with overlap the buckets are
-            # reduced from the hooks during this backward
-            sum((params[i] * coefs[i]).sum() for i in used).backward()
-            owned = {id(p) for grp in opt._partition_parameters()[rank] for p in grp["params"]}
-            # with overlap, every bucket whose parameters all got a gradient here was packed
-            # (and other ranks' gradients freed) during the backward: all of them on 0 and 2
-            freed = all(p.grad is None for p in params if id(p) not in owned)
-            reduce()
-            errors, wrong_holding = [], []
-            for p, w in zip(params, want):
-                if id(p) in owned:
-                    errors.append(float((p.grad - w).abs().max()) if p.grad is not None
-                                  else float("inf"))
-                elif p.grad is not None:
-                    wrong_holding.append(tuple(p.shape))
-            results.append((len(owned), errors, wrong_holding, freed))
-        q.put((rank, results))
-    finally:
-        dist.destroy_process_group()
+    results = []
+    for overlap in (False, True):
+        torch.manual_seed(0)  # the same parameters everywhere
+        params = [torch.nn.Parameter(torch.randn(*s))
+                  for s in [(7, 5), (5,), (13, 3), (2, 2), (9,)]]
+        holder = torch.nn.ParameterList(params)
+        opt = zero1_optimizer([{"params": params}], dist.group.WORLD, lr=0.1)
+        # buckets of 40 bytes: several, each with its own rank-major layout
+        reduce = ReduceToOwner(opt, dist.group.WORLD, holder, overlap=overlap, bucket_bytes=40)
+        g = torch.Generator().manual_seed(100 + rank)
+        coefs = [torch.randn(p.shape, generator=g) for p in params]
+        used = [i for i in range(len(params)) if not (i == 3 and rank == 1)]  # rank 1: not 3
+        # (before the backward: with overlap, rank 1 launches the bucket that holds
+        # parameter 3 only when called, so no other collective may come in between)
+        want = [coefs[i].clone() if i in used else torch.zeros_like(params[i])
+                for i in range(len(params))]
+        for t in want:
+            dist.all_reduce(t)
+            t.div_(world)
+        # d loss / d p = coef: the gradients are known; with overlap the buckets are
+        # reduced from the hooks during this backward
+        sum((params[i] * coefs[i]).sum() for i in used).backward()
+        owned = {id(p) for grp in opt._partition_parameters()[rank] for p in grp["params"]}
+        # with overlap, every bucket whose parameters all got a gradient here was packed
+        # (and other ranks' gradients freed) during the backward: all of them on 0 and 2
+        freed = all(p.grad is None for p in params if id(p) not in owned)
+        reduce()
+        errors, wrong_holding = [], []
+        for p, w in zip(params, want):
+            if id(p) in owned:
+                errors.append(float((p.grad - w).abs().max()) if p.grad is not None
+                              else float("inf"))
+            elif p.grad is not None:
+                wrong_holding.append(tuple(p.shape))
+        results.append((len(owned), errors, wrong_holding, freed))
+    return results
 
 
 @pytest.mark.timeout(90)
 def test_reduce_to_owner_keeps_the_average_of_owned_gradients_only(tmp_path):
-    world = 3
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world, str(tmp_path / "store"), q))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    out = dict(q.get(timeout=80) for _ in range(world))
-    for p in procs:
-        p.join(timeout=30)
-    assert sorted(out) == [0, 1, 2]
+    out = spawn_world(_worker, 3, tmp_path / "store")
     for case in (0, 1):  # after the backward; overlapped with it
         assert sum(out[r][case][0] for r in out) == 5  # every parameter has exactly one owner
         for rank, results in out.items():

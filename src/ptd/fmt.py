@@ -75,3 +75,19 @@ def _numeric(s: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def step_ranges(steps: Sequence[int]) -> str:
+    """Step numbers as ranges for people: ``[1, 2, 3, 5, 7, 8]`` -> ``"1-3, 5, 7-8"``.
+
+    Sorted and deduplicated first, so the text says which steps, not in which order."""
+    nums = sorted(set(int(s) for s in steps))
+    parts: list[str] = []
+    i = 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        parts.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
+        i = j + 1
+    return ", ".join(parts)

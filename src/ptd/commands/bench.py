@@ -75,6 +75,8 @@ def run(a: argparse.Namespace) -> int:
     load_model(a.model)  # validate before anything runs
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    from ..runtime.calibrate.first_run import ensure_profile
+    ensure_profile(a.hardware)  # the runs' predictions use this machine's numbers
     t0 = time.perf_counter()
     data = S.measure(a, out)
     res = S.tables(data, a.strategies, a.workers)

@@ -100,6 +100,9 @@ def run(a: argparse.Namespace) -> int:
         result = calibrate(workers, dtypes, a.quick, base, a.name, info, tick)
     from ..runtime.calibrate import write_profile
     write_profile(result, out)
+    if a.out is None and a.name == "calibrated" and info["device"] == "cpu":
+        from ..runtime.calibrate.first_run import machine_profile
+        write_profile(result, machine_profile())  # what --hardware auto uses on this machine
     if a.json:
         emit_json({"path": str(out), **{k: result[k] for k in ("hardware", "meta", "summary")}})
     else:

@@ -17,7 +17,7 @@ which overrides the defaults; the fully resolved config is written to OUT/config
 With --nproc N (default: the plan's world size) N workers start on this host through
 torchrun, one intra-op thread each unless --threads says otherwise; --nproc without --dp
 sets dp = N/(tp*pp). For several nodes, run torchrun yourself on each node with the written
-config (see README, "Training"). Output in OUT (--out, default runs/latest):
+config (see docs/training.md). Output in OUT (--out, default runs/latest):
 metrics.jsonl (one line per step), summary.json, config.toml.
 """
 
@@ -84,7 +84,7 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="also write TensorBoard event files to OUT/tb")
     o.add_argument("--on-nan", choices=("stop", "skip"),
                    help="a non-finite loss stops the run (default) or skips that update")
-    c = p.add_argument_group("checkpoints (README: Checkpoints, resume and recovery)")
+    c = p.add_argument_group("checkpoints (docs/checkpoints.md)")
     c.add_argument("--checkpoint-every", type=nonneg_int, metavar="K",
                    help="save every K steps and at the end (0: never, the default)")
     c.add_argument("--checkpoint-keep", type=positive_int, metavar="N",

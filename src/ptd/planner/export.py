@@ -10,7 +10,7 @@
   ``docs/_pages/config-json.md``), the ``deepspeed.pipe.PipelineModule`` arguments, and the
   parallel degrees that ds_config cannot hold.
 
-What a framework cannot express is listed in :data:`LIMITS` (and the README); the notes
+What a framework cannot express is listed in :data:`LIMITS` (and docs/planning.md); the notes
 that apply to the exported plan are written into the export itself, as comments (or a
 ``notes`` list in JSON). Nothing here imports those frameworks.
 """

@@ -15,7 +15,7 @@ minute hurts all of them alike) and each candidate keeps its best repeat (like `
 minimum: interference only ever slows a run down).
 
 The verdict: the planner's top plan's measured throughput over the best measured one, and
-whether it is within ``tolerance`` (issue 6 asks for 10%); plus Spearman's rank correlation
+whether it is within ``tolerance`` (default 10%); plus Spearman's rank correlation
 between predicted and measured throughput over all candidates.
 """
 

@@ -6,7 +6,7 @@ import tomllib
 from typing import Any
 
 from .. import __version__
-from ..fmt import duration, si
+from ..fmt import duration, si, step_ranges
 from . import tables
 from .load import Run, num, series
 from .svg import PALETTE, HLine, LineChart, Series, StackedBars
@@ -119,8 +119,9 @@ def loss_chart(run: Run) -> str:
                                    radius=2),
                             Series("validation loss", val, PALETTE[1], radius=3.5)],
                    y_label="loss", y_fmt=lambda v: f"{v:.3g}", tip_fmt=lambda v: f"{v:.4f}")
-    bad = [r.get("step") for r in run.metrics if num(r.get("loss")) is None]
-    note = (f'<p class="note">non-finite loss at step(s) {e(", ".join(map(str, bad)))}</p>'
+    bad = [r["step"] for r in run.metrics
+           if num(r.get("loss")) is None and isinstance(r.get("step"), int)]
+    note = (f'<p class="note">non-finite loss at step(s) {e(step_ranges(bad))}</p>'
             if bad else "")
     return ch.render() + note
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any, Callable
 
-from ..fmt import duration, gib, pct, si
+from ..fmt import duration, gib, pct, si, step_ranges
 from ..runtime.measure.compare import STEP_PARTS, _ratio
 from .load import num
 
@@ -96,8 +96,7 @@ def comparison(s: dict[str, Any]) -> str:
         notes.append("model states equal the prediction on every rank: "
                      + ("yes" if mm["model_states_equal_per_rank"] else "NO"))
     if m.get("clean_steps"):
-        notes.append("measured step time: mean of steps "
-                     + ", ".join(str(x) for x in m["clean_steps"])
+        notes.append("measured step time: mean of steps " + step_ranges(m["clean_steps"])
                      + " (no warm-up, memory or profiled step)")
     pr = s.get("prediction") or {}
     if pr.get("hardware"):

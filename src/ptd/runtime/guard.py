@@ -7,7 +7,8 @@ torch's message says neither who waited for what nor who did not come: gloo repo
 
 * marks which phase of which step it is in (the trainer's phases -- ``next_batch``,
   ``forward_backward``, ``global_loss``, ``clip_gradients``, ``optimizer_step``,
-  ``evaluate`` -- and checkpoint saving/loading), by wrapping those methods on the instance;
+  ``evaluate`` -- and checkpoint saving/loading), through the trainer's phase hooks
+  (:meth:`Watch.hook` in ``Trainer.phase_hooks``);
 * publishes that position to the job's key-value store from a background thread about
   once a second (``ptd/heartbeat/<rank>``), which keeps running while the main thread is
   blocked in a collective or asleep;
@@ -19,13 +20,12 @@ torch's message says neither who waited for what nor who did not come: gloo repo
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch.distributed as dist
 
@@ -167,15 +167,14 @@ class Watch:
             else:  # a step ended (or failed): what follows is logging and checkpointing
                 self.phase, self.since = "end_of_step", time.time()
 
-    def wrap(self, fn: Callable[..., Any], phase: str, *, sets_step: bool = False) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def wrapped(*a: Any, **k: Any) -> Any:
-            step = a[0] if sets_step and a else None
-            with self.phase_of(phase, step):
-                if step is not None:
-                    self.maybe_publish()
-                return fn(*a, **k)
-        return wrapped
+    @contextmanager
+    def hook(self, phase: str, step: int | None = None) -> Iterator[None]:
+        """The trainer's phase hook: this rank is in ``phase`` (of ``step``, when a step
+        starts: then peers are told at once)."""
+        with self.phase_of(phase, step):
+            if step is not None:
+                self.maybe_publish()
+            yield
 
     def maybe_publish(self, min_interval_s: float = 0.25) -> None:
         """Publish now unless the heartbeat did so very recently (at step starts: peers
@@ -221,13 +220,3 @@ class Watch:
             notes = notes[:4] + [f"{len(notes) - 4} more"]
         return "; ".join(notes)
 
-
-def instrument(watch: Watch, trainer: Any, checkpointer: Any = None) -> None:
-    """Wrap the trainer's phases (and the checkpointer's save) on the instances, so that
-    :class:`Watch` knows where this rank is and annotates timeouts."""
-    trainer.train_step = watch.wrap(trainer.train_step, "train_step", sets_step=True)
-    for name in ("next_batch", "global_loss", "clip_gradients", "optimizer_step", "evaluate"):
-        setattr(trainer, name, watch.wrap(getattr(trainer, name), name))
-    trainer.runner.forward_backward = watch.wrap(trainer.runner.forward_backward, "forward_backward")
-    if checkpointer is not None:
-        checkpointer.save = watch.wrap(checkpointer.save, "checkpoint_save")

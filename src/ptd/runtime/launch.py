@@ -151,13 +151,12 @@ def fork_workers(cfg: TrainConfig, config_path: Path, nproc: int, log_dir: Path)
     Why: each fresh worker interpreter spends ~4.5 s of CPU importing torch and the parallel
     runtime, and torchrun's interpreter ~3 s more; on a 2-core box a 4-worker run of the tiny
     model then starts ~10 s before its first step. Imported once and forked, it starts in
-    about half the time (measured, README). Why a fork *server* and not a fork of this
-    process: by the time the agent starts workers it runs the rendezvous store's threads
-    (``pt_tcpstore_uv``), and a child forked from a threaded process can inherit a lock some
-    thread held at that instant and never get it: one such launch here hung in
-    ``init_process_group`` until its 300 s timeout, two of four workers never reaching the
-    store (2026-11-23; most likely that, not reproduced in 43 more). The fork server has one
-    thread (its imports start none). CPU only: a forked CUDA context is unusable, so GPU
+    about half the time (docs/benchmarks.md, "Launching workers"). Why a fork *server* and
+    not a fork of this process: by the time the agent starts workers it runs the rendezvous
+    store's threads (``pt_tcpstore_uv``), and a child forked from a threaded process can
+    inherit a lock some thread held at that instant and never get it (a worker that never
+    reaches the store, and a launch that hangs in ``init_process_group`` until its timeout).
+    The fork server has one thread (its imports start none). CPU only: a forked CUDA context is unusable, so GPU
     hosts keep torchrun. Nothing runs a torch op before the fork (a forked OpenMP pool would
     hang the workers)."""
     saved = dict(os.environ)
@@ -263,4 +262,6 @@ def train(cfg: TrainConfig, nproc: int, dry_run: bool = False) -> int:
     if dry_run:
         print(f"ptd: wrote {config_path} ({cfg.plan.describe()}, {nproc} worker(s)); not training")
         return 0
+    from .calibrate.first_run import ensure_profile
+    ensure_profile(cfg.hardware)  # the first run on a machine measures it (auto hardware)
     return start_workers(cfg, config_path, nproc)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
 from ..specs import ModelSpec
@@ -83,6 +84,8 @@ class Attention(nn.Module):
         self.wv = nn.Linear(spec.hidden, spec.kv_dim, bias=spec.bias)
         self.wo = nn.Linear(spec.q_dim, spec.hidden, bias=spec.bias)
         self.recompute_core = False
+        self.span = False
+        """Run the core in the profiler span ``ptd:block`` (set by the measurement probe)."""
 
     def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
         b, s, _ = x.shape
@@ -90,10 +93,17 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
         if self.recompute_core and torch.is_grad_enabled():
-            y = checkpoint(self._core, q, k, v, rope, use_reentrant=False)
+            y = checkpoint(self._core_in_span, q, k, v, rope, use_reentrant=False)
         else:
-            y = self._core(q, k, v, rope)
+            y = self._core_in_span(q, k, v, rope)
         return F.dropout(self.wo(y.reshape(b, s, -1)), self.dropout, self.training)
+
+    def _core_in_span(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      rope: Rope) -> torch.Tensor:
+        if not self.span:
+            return self._core(q, k, v, rope)
+        with record_function("ptd:block"):  # recomputed (selective) inside it too
+            return self._core(q, k, v, rope)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: Rope) -> torch.Tensor:
         if rope is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
 from ..specs import ModelSpec
@@ -41,6 +42,8 @@ class Block(nn.Module):
         self.feed_forward = make_ffn(spec)
         self.dropout = spec.dropout
         self.recompute = "none"
+        self.span = False
+        """Run in the profiler span ``ptd:block`` (set by the measurement probe)."""
 
     def set_recompute(self, mode: str) -> None:
         self.recompute = mode
@@ -48,8 +51,16 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: Rope = None) -> torch.Tensor:
         if self.recompute == "full" and torch.is_grad_enabled():
-            return checkpoint(self._forward, x, rope, use_reentrant=False)
-        return self._forward(x, rope)
+            return checkpoint(self._forward_in_span, x, rope, use_reentrant=False)
+        return self._forward_in_span(x, rope)
+
+    def _forward_in_span(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        # Inside the checkpoint, so that a recomputation in the backward runs in the span
+        # too: that is how the measured timeline tells recompute from backward.
+        if not self.span:
+            return self._forward(x, rope)
+        with record_function("ptd:block"):
+            return self._forward(x, rope)
 
     def _forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), rope)

@@ -3,7 +3,7 @@
 :meth:`Recovery.start` (after the trainer is built, before the first step):
 
 1. starts the :class:`~ptd.runtime.guard.Watch` (collective timeouts that name the rank,
-   the operation and the stuck peer) and wraps the trainer's phases with it;
+   the operation and the stuck peer) and registers it as a phase hook of the trainer;
 2. picks a checkpoint to resume from (``resume``, or this run's own newest good one after
    an elastic restart; :mod:`ptd.runtime.checkpoint.restore`) and loads it -- or, with no
    checkpoint, takes the initial weights from a Hugging Face folder (``init_from``);
@@ -21,7 +21,7 @@ from typing import Any
 from ..specs import TrainConfig
 from .checkpoint import restore, store
 from .checkpoint.saver import Checkpointer, checkpoint_root
-from .guard import Watch, instrument
+from .guard import Watch
 from .mesh import ParallelDims
 
 
@@ -42,7 +42,7 @@ class Recovery:
         if cfg.checkpoint.every > 0:
             r.checkpointer = Checkpointer(cfg, dims, trainer)
             trainer.after_step.append(r.checkpointer.after_step)
-        instrument(r.watch, trainer, r.checkpointer)
+        trainer.phase_hooks.append(r.watch.hook)
         return r
 
     def _restore_or_init(self) -> None:

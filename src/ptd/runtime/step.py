@@ -31,6 +31,7 @@ from typing import Any, Callable, ContextManager, Protocol, Sequence
 
 import torch
 from torch import nn
+from torch.autograd.profiler import record_function
 from torch.distributed.tensor import DTensor
 
 from .data import MicroBatch
@@ -82,12 +83,14 @@ class AccumulationRunner:
         self.grad_sync = grad_sync
 
     def forward(self, mb: MicroBatch, step_tokens: int) -> torch.Tensor:
-        with self.precision.autocast():
-            logits = self.model(mb.inputs)
-        return lm_loss_sum(logits, mb.targets) / step_tokens
+        with record_function("ptd:forward"):
+            with self.precision.autocast():
+                logits = self.model(mb.inputs)
+            return lm_loss_sum(logits, mb.targets) / step_tokens
 
     def backward(self, loss: torch.Tensor) -> None:
-        self.precision.backward(loss)
+        with record_function("ptd:backward"):
+            self.precision.backward(loss)
 
     def forward_backward(self, micro_batches: Sequence[MicroBatch]) -> torch.Tensor:
         step_tokens = replica_tokens(micro_batches)
@@ -99,7 +102,8 @@ class AccumulationRunner:
                 self.backward(loss)
             total += plain(loss.detach())
         if self.grad_sync is not None:
-            self.grad_sync()
+            with record_function("ptd:grad_sync"):
+                self.grad_sync()
         return total
 
     @torch.no_grad()
@@ -129,7 +133,7 @@ class PipelineRunner:
                  grad_sync: GradSync = None) -> None:
         """``build_schedule(loss_fn)`` returns the schedule and this rank's stages;
         ``forward_only`` (:class:`~ptd.runtime.parallel.pp.ForwardOnly`) evaluates."""
-        self.schedule, stages = build_schedule(self.loss_fn)
+        self.schedule, stages = build_schedule(self._schedule_loss)
         self.forward_only = forward_only
         self.precision = precision
         self.loss_context = loss_context
@@ -141,6 +145,10 @@ class PipelineRunner:
 
     def loss_fn(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return lm_loss_sum(output, targets) / self.step_tokens
+
+    def _schedule_loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with record_function("ptd:forward"):  # the last stage's forward ends with the loss
+            return self.loss_fn(output, targets)
 
     @staticmethod
     def _sum(losses: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -154,10 +162,11 @@ class PipelineRunner:
         args = (torch.cat([mb.inputs for mb in micro_batches]),) if self.first else ()
         target = torch.cat([mb.targets for mb in micro_batches]) if self.reports_loss else None
         losses: list[torch.Tensor] = []
-        with self.loss_context(), self.precision.autocast():
+        with self.loss_context(), self.precision.autocast(), record_function("ptd:schedule"):
             self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
         if self.grad_sync is not None:
-            self.grad_sync()
+            with record_function("ptd:grad_sync"):
+                self.grad_sync()
         return self._sum(losses, micro_batches[0].inputs.device)
 
     @torch.no_grad()

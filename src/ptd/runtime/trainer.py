@@ -1,7 +1,8 @@
 """The training loop: the same for every layout.
 
-One optimizer step is a fixed sequence of distinct calls, so that timers can wrap each
-phase (the measurement issue does):
+One optimizer step is a fixed sequence of named phases, each run inside
+``with self.phase(name):`` -- the one place where measurement (``measure.probe``) and
+failure handling (``guard``) attach, as context managers in :attr:`Trainer.phase_hooks`:
 
 1. ``next_batch``        -- this rank's micro-batches (data wait)
 2. ``forward_backward``  -- the :class:`~ptd.runtime.step.StepRunner` (compute, and the
@@ -11,15 +12,19 @@ phase (the measurement issue does):
 5. ``optimizer_step``    -- learning rate, AdamW (ZeRO-1: plus its broadcast), zero grads
 6. ``record``            -- metrics.jsonl, progress bar
 
+The whole step is the phase ``train_step`` (given the step number); ``evaluate`` and the
+checkpointer's ``checkpoint_save`` are phases too.
+
 Nothing here looks at the plan's dimensions: what differs between DDP, ZeRO, tensor or
 pipeline parallelism is inside the model wrapper, the optimizer and the runner.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -57,36 +62,62 @@ class Trainer:
         self.status = "ok"
         self.after_step: list[Callable[["Trainer", dict[str, Any]], None]] = []
         """Called after each completed step that does not stop the run (checkpointing)."""
+        self.phase_hooks: list[Callable[[str, int | None], ContextManager[Any]]] = []
+        """``hook(phase, step)`` returns a context manager entered around every run of that
+        phase (``step`` is given for ``train_step`` only); the latest registered is the
+        outermost, so it sees what the earlier ones raise."""
+        self.record_hooks: list[Callable[[dict[str, Any]], None]] = []
+        """Called with each step's record before it is logged (measurement adds its fields)."""
+
+    @contextlib.contextmanager
+    def phase(self, name: str, step: int | None = None) -> Iterator[None]:
+        """Run the body as phase ``name`` inside every registered phase hook."""
+        if not self.phase_hooks:
+            yield
+            return
+        with contextlib.ExitStack() as stack:
+            for hook in reversed(self.phase_hooks):
+                stack.enter_context(hook(name, step))
+            yield
 
     # ------------------------------------------------------------ phases
     def next_batch(self) -> list[MicroBatch]:
-        return self.loader.next()
+        with self.phase("next_batch"):
+            return self.loader.next()
+
+    def forward_backward(self, micro: Sequence[MicroBatch]) -> torch.Tensor:
+        with self.phase("forward_backward"):
+            return self.runner.forward_backward(micro)
 
     def global_loss(self, loss: torch.Tensor) -> float:
         """Average of the loss shares of the ranks that report one (all data-parallel
         replicas; on a pipeline only the last stages): the global-batch mean."""
-        flag = 1.0 if self.runner.reports_loss else 0.0
-        buf = torch.stack([loss.float() * flag, torch.tensor(flag, device=loss.device)])
-        dist.all_reduce(buf)
-        return float(buf[0] / buf[1])
+        with self.phase("global_loss"):
+            flag = 1.0 if self.runner.reports_loss else 0.0
+            buf = torch.stack([loss.float() * flag, torch.tensor(flag, device=loss.device)])
+            dist.all_reduce(buf)
+            return float(buf[0] / buf[1])
 
     def clip_gradients(self) -> float:
-        self.precision.unscale_(self.optimizer)
-        norm = global_grad_norm(self.params, self.dims.device, self.dims.grad_norm_groups())
-        if self.cfg.optim.grad_clip > 0:
-            clip_grads_(self.params, self.cfg.optim.grad_clip, norm)
-        return float(norm)
+        with self.phase("clip_gradients"):
+            self.precision.unscale_(self.optimizer)
+            norm = global_grad_norm(self.params, self.dims.device, self.dims.grad_norm_groups())
+            if self.cfg.optim.grad_clip > 0:
+                clip_grads_(self.params, self.cfg.optim.grad_clip, norm)
+            return float(norm)
 
     def optimizer_step(self, step: int) -> float:
-        lr = lr_at(step, self.cfg.optim, self.cfg.steps)
-        set_lr(self.optimizer, lr)
-        self.precision.step(self.optimizer)
-        self.optimizer.zero_grad(set_to_none=True)
-        return lr
+        with self.phase("optimizer_step"):
+            lr = lr_at(step, self.cfg.optim, self.cfg.steps)
+            set_lr(self.optimizer, lr)
+            self.precision.step(self.optimizer)
+            self.optimizer.zero_grad(set_to_none=True)
+            return lr
 
     def evaluate(self) -> float:
-        losses = [self.global_loss(self.runner.evaluate(b)) for b in self.val_batches]
-        return sum(losses) / len(losses)
+        with self.phase("evaluate"):
+            losses = [self.global_loss(self.runner.evaluate(b)) for b in self.val_batches]
+            return sum(losses) / len(losses)
 
     def _sync(self) -> None:
         if self.dims.device.type == "cuda":
@@ -97,7 +128,7 @@ class Trainer:
         self.faults.at_step(step)
         t0 = time.perf_counter()
         micro = self.next_batch()
-        local = self.runner.forward_backward(micro)
+        local = self.forward_backward(micro)
         loss = self.global_loss(local)
         grad_norm = self.clip_gradients() if math.isfinite(loss) else float("nan")
         # fp16: the loss scaler skips overflowing steps itself (and lowers the scale).
@@ -124,7 +155,10 @@ class Trainer:
         """Run to ``cfg.steps`` (from ``self.step``); return the summary."""
         start = time.perf_counter()
         for step in range(self.step + 1, self.cfg.steps + 1):
-            rec = self.train_step(step)
+            with self.phase("train_step", step):
+                rec = self.train_step(step)
+            for annotate in self.record_hooks:
+                annotate(rec)
             rec["elapsed_s"] = time.perf_counter() - start
             if step % self.cfg.log_every == 0 or step == self.cfg.steps or rec["skipped"]:
                 self.log.record(rec)

@@ -119,7 +119,7 @@ class TrainConfig:
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     steps: int = 200
     """Optimizer steps to run (the default run: ~3 minutes with 4 workers on 2 CPU cores,
-    819,200 tokens; see README, "Training")."""
+    819,200 tokens; see docs/training.md)."""
     seed: int = 0
     """Seeds weights, data order and dropout: the same seed gives the same run on any layout."""
     out: str = "runs/latest"

@@ -120,9 +120,9 @@ class HardwareSpec:
     share of the optimizer phase -- gradient-norm, clipping, single-tensor AdamW -- on plain
     tensors) and ``optimizer_tensor_dtensor`` (the same on DTensor parameters, as FSDP and
     tensor parallelism make them). Absent: 0 for ``dtensor_op``, operator counts times
-    ``op_overhead`` for the optimizer. (Profiles written before 2026-11-23 also carry
-    ``blocking_collective``, one wait per collective whatever the chunk before it; it is used
-    only where ``blocking_wait_measured`` is absent.)"""
+    ``op_overhead`` for the optimizer. A ``blocking_collective`` entry (one wait per
+    collective, whatever the chunk before it) is used only where ``blocking_wait_measured``
+    is absent."""
     blocking_wait_measured: dict[int, tuple[tuple[float, float], ...]] = field(
         default_factory=dict)
     """From ``ptd calibrate`` (CPU): what a blocking collective costs beyond the
@@ -383,13 +383,11 @@ PRESETS: dict[str, HardwareSpec] = {
              bw=1600 * G, nvlink=196 * G, nic=25 * G, gemm_eff=0.8,
              gemm_src="assumed: no published MAMF for the 910B",
              spec_src="public reports (Huawei publishes few figures); approximate"),
-        # This class of machine: 2 cores of an AMD EPYC (Zen 3, AVX2 only -- no AVX-512, no
-        # bf16 units, so bf16 matmuls are emulated and ~18x slower than fp32), gloo over
-        # shared memory. Measured with `ptd calibrate --workers 1,2,4` on a quiet machine on
-        # 2026-11-22; values per worker with N workers at once (cores shared past 2). A
-        # profile from `ptd calibrate` on your own machine replaces them.
-        # (../shared/README.md describes an AVX-512-BF16 machine: ~61 GFLOP/s fp32 and ~180
-        # bf16 on one thread; this machine measured otherwise.)
+        # 2 cores of an AMD EPYC (Zen 3, AVX2 only -- no AVX-512, no bf16 units, so bf16
+        # matmuls are emulated and ~18x slower than fp32), gloo over shared memory, measured
+        # with `ptd calibrate --workers 1,2,4`; values per worker with N workers at once
+        # (cores shared past 2). This machine's own profile (measured on the first run, or
+        # by `ptd calibrate`) replaces them.
         HardwareSpec(
             name="cpu", kind="cpu", peak_flops={"fp32": 90.8 * G, "bf16": 5.07 * G, "fp16": 5.07 * G},
             memory_bytes=24 * GiB, memory_bandwidth=19.3 * G,
@@ -409,11 +407,10 @@ PRESETS: dict[str, HardwareSpec] = {
                     (27.2e-3, 2.42e-3)),
                 4: ((0.0, 0.19e-3), (0.99e-3, 0.60e-3), (4.52e-3, 1.91e-3), (16.9e-3, 3.85e-3),
                     (46.8e-3, 6.68e-3))},
-            sources={"all": "ptd calibrate --workers 1,2,4 on this machine class (2-core AMD EPYC, "
-                            "AVX2), 2026-11-22; collectives: gloo all-reduce fit, group of 2; "
-                            "overheads_measured: ptd calibrate 09:58 and 10:03 UTC (load "
-                            "average 0.0 and 1.4 before); blocking_wait_measured: ptd "
-                            "calibrate 2026-11-23 11:01 UTC (load average 0.46 before)",
+            sources={"all": "ptd calibrate --workers 1,2,4 on a 2-core AMD EPYC (AVX2), "
+                            "2026-11-22; collectives: gloo all-reduce fit, group of 2; "
+                            "overheads_measured and blocking_wait_measured: ptd calibrate, "
+                            "2026-11-23 (docs/benchmarks.md)",
                      "inter_node": "assumed: no second node was measured"}),
     ]
 }

@@ -8,5 +8,5 @@
 * :mod:`.saver` -- :class:`~.saver.Checkpointer`: every K steps, atomic, optionally async;
 * :mod:`.restore` -- which checkpoint a run resumes from, and loading it.
 
-See README, "Checkpoints, resume and recovery".
+See docs/checkpoints.md.
 """

@@ -83,7 +83,8 @@ class Checkpointer:
     def after_step(self, trainer: Any, rec: dict[str, Any]) -> None:
         step = trainer.step
         if step % self.every == 0 or step == self.cfg.steps:
-            self.save(trainer, rec)
+            with trainer.phase("checkpoint_save"):
+                self.save(trainer, rec)
 
     # ------------------------------------------------------------ saving
     def save(self, trainer: Any, rec: dict[str, Any] | None = None) -> bool:

@@ -5,8 +5,9 @@ Pure Python apart from what it is handed (no torch), so ``ptd report`` and ``ptd
 use it on saved results too.
 
 **The prediction** is :func:`ptd.cost.estimate.estimate` for the resolved plan on the run's
-hardware (``TrainConfig.hardware``; ``auto``: the profile ``ptd calibrate`` wrote,
-``$PTD_HOME/hardware/calibrated.toml``, when there is one, else the device's preset) with as
+hardware (``TrainConfig.hardware``; ``auto``: this machine's profile,
+:func:`ptd.runtime.calibrate.first_run.machine_profile`, else the one ``ptd calibrate``
+wrote, ``$PTD_HOME/hardware/calibrated.toml``, else the device's preset) with as
 many devices as the run has workers, and per rank
 :func:`ptd.cost.memory.model_state_elements` and
 :func:`ptd.cost.memory.activation_bytes` for that rank's pipeline stage.
@@ -49,9 +50,10 @@ def resolve_hardware(name: str, device: str = "cpu") -> tuple[Any, str]:
     """(HardwareSpec, where it came from) for a ``TrainConfig.hardware`` value."""
     from ...specs.hardware import hardware_home, load_hardware
     if name in ("auto", ""):
-        prof = hardware_home() / "calibrated.toml"
-        if prof.is_file():
-            return load_hardware(str(prof)), str(prof)
+        from ..calibrate.first_run import machine_profile
+        for prof in (machine_profile(), hardware_home() / "calibrated.toml"):
+            if prof.is_file():
+                return load_hardware(str(prof)), str(prof)
         name = "cpu" if device == "cpu" else "h100-sxm"
         return load_hardware(name), f"preset {name} (no calibrated profile in {hardware_home()})"
     hw = load_hardware(name)

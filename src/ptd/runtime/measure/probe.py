@@ -1,10 +1,11 @@
 """The measuring half, attached to a running :class:`~ptd.runtime.trainer.Trainer`.
 
-:meth:`Probe.attach` wraps the trainer's phase calls (and the runner's, the pipeline
-stages', the blocks') in ``record_function`` spans and wall-clock timers -- instance
-attributes over the bound methods, so the training code itself is unchanged and the
-overhead outside the profiled window is one ``perf_counter`` pair per phase (and a no-op
-``record_function`` per block).
+:meth:`Probe.attach` registers :meth:`Probe.hook` among the trainer's phase hooks
+(``Trainer.phase_hooks``): each phase runs in a ``record_function`` span with a wall-clock
+timer, the step in ``ptd:step``; it also turns on the blocks' ``ptd:block`` spans (not with
+``torch.compile``). The runners and pipeline stages open their own spans (``ptd:forward``,
+``ptd:backward``, ...; see :mod:`.timeline`). Outside the profiled window the overhead is
+one ``perf_counter`` pair per phase and a no-op ``record_function`` per span.
 
 Which steps do what (``measure.*`` of the config; defaults for a long run):
 
@@ -28,7 +29,6 @@ measurements on rank 0, which compares them with the cost model (:mod:`.compare`
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 import time
@@ -41,25 +41,10 @@ from .memory import ActivationTracker, grads_of, model_state_bytes
 from .timeline import Span, analyse_step, mean_breakdown
 
 
-def _wrap(obj: Any, name: str, span: str, timer: dict[str, float] | None = None,
-          key: str | None = None) -> None:
-    """Replace ``obj.name`` (a bound method or callable attribute) by a version inside a
-    ``record_function(span)`` that adds its wall time to ``timer[key]``."""
-    fn = getattr(obj, name, None)
-    if fn is None or getattr(fn, "_ptd_probe", False):
-        return
-
-    @functools.wraps(fn)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        with record_function(span):
-            out = fn(*args, **kwargs)
-        if timer is not None and key is not None:
-            timer[key] = timer.get(key, 0.0) + time.perf_counter() - t0
-        return out
-
-    wrapped._ptd_probe = True  # type: ignore[attr-defined]
-    setattr(obj, name, wrapped)
+# phase -> (profiler span, wall-clock timer key)
+_TIMED = {"next_batch": ("ptd:data", "data"), "global_loss": ("ptd:loss", "loss"),
+          "clip_gradients": ("ptd:optimizer", "optimizer"),
+          "optimizer_step": ("ptd:optimizer", "optimizer")}
 
 
 def _modules_of(trainer: Any) -> list[torch.nn.Module]:
@@ -67,12 +52,6 @@ def _modules_of(trainer: Any) -> list[torch.nn.Module]:
     mods = [trainer.model]
     mods += list(getattr(runner, "modules", []))
     return mods
-
-
-def _pipeline_stages(schedule: Any) -> list[Any]:
-    if hasattr(schedule, "_stages"):
-        return list(schedule._stages)
-    return [schedule._stage] if hasattr(schedule, "_stage") else []
 
 
 # torch.autograd.profiler's utility ops, which its own event list leaves out too
@@ -210,74 +189,63 @@ class Probe:
     @classmethod
     def attach(cls, trainer: Any, cfg: Any, dims: Any, **kw: Any) -> "Probe":
         p = cls(trainer, cfg, dims, **kw)
-        t = p.timer
-        _wrap(trainer, "next_batch", "ptd:data", t, "data")
-        _wrap(trainer, "global_loss", "ptd:loss", t, "loss")
-        _wrap(trainer, "clip_gradients", "ptd:optimizer", t, "optimizer")
-        _wrap(trainer, "optimizer_step", "ptd:optimizer", t, "optimizer")
-        runner = trainer.runner
-        p._wrap_fwd_bwd(runner)
-        if hasattr(runner, "schedule"):
-            sched = runner.schedule
-            _wrap(sched, "step", "ptd:schedule")
-            _wrap(sched, "_maybe_compute_loss", "ptd:forward")
-            for st in _pipeline_stages(sched):
-                _wrap(st, "forward_one_chunk", "ptd:forward")
-                _wrap(st, "backward_one_chunk", "ptd:backward")
-                _wrap(st, "backward_weight_one_chunk", "ptd:backward_w")
-        else:
-            _wrap(runner, "forward", "ptd:forward")
-            _wrap(runner, "backward", "ptd:backward")
-        if getattr(runner, "grad_sync", None) is not None:
-            _wrap(runner, "grad_sync", "ptd:grad_sync")
+        trainer.phase_hooks.append(p.hook)
+        trainer.record_hooks.append(p.annotate)
         if not cfg.compile:
-            from ..model import Block
             from ..layers import Attention
+            from ..model import Block
             for m in _modules_of(trainer):
                 for sub in m.modules():
-                    if isinstance(sub, Block):
-                        _wrap(sub, "_forward", "ptd:block")
-                    elif isinstance(sub, Attention):
-                        _wrap(sub, "_core", "ptd:block")
-        inner = trainer.train_step
-        p._inner_step = inner
-        trainer.train_step = p._train_step
+                    if isinstance(sub, (Block, Attention)):
+                        sub.span = True
         return p
 
-    def _wrap_fwd_bwd(self, runner: Any) -> None:
-        fb = runner.forward_backward
-        probe = self
+    def hook(self, phase: str, step: int | None = None) -> contextlib.AbstractContextManager[Any]:
+        """The trainer's phase hook: what this probe does around each phase."""
+        if phase == "train_step" and step is not None:
+            return self._step(step)
+        if phase == "forward_backward":
+            return self._forward_backward()
+        if phase in _TIMED:
+            return self._timed(*_TIMED[phase])
+        return contextlib.nullcontext()
 
-        @functools.wraps(fb)
-        def forward_backward(micro: Any) -> Any:
-            t0 = time.perf_counter()
-            tracker = probe._tracker
-            if tracker is None:
-                out = fb(micro)
-            else:
-                cuda = probe.dims.device.type == "cuda"
-                if cuda:
-                    torch.cuda.synchronize()
-                    base = torch.cuda.memory_allocated()
-                    torch.cuda.reset_peak_memory_stats()
-                with tracker:
-                    out = fb(micro)
-                mods = _modules_of(probe.trainer)
-                grads = tracker.uids_of(grads_of(mods))
-                probe.memory["activations"] = tracker.peak_excluding(grads)
-                probe.memory["activations_with_grads"] = tracker.peak
-                if cuda:
-                    torch.cuda.synchronize()
-                    probe.memory["allocator_peak_above_start"] = torch.cuda.max_memory_allocated() - base
-                probe.memory["model_states"] = model_state_bytes(mods, probe.trainer.optimizer)
-            probe.timer["fwd_bwd"] = probe.timer.get("fwd_bwd", 0.0) + time.perf_counter() - t0
-            return out
+    @contextlib.contextmanager
+    def _timed(self, span: str, key: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        with record_function(span):
+            yield
+        self.timer[key] = self.timer.get(key, 0.0) + time.perf_counter() - t0
 
-        forward_backward._ptd_probe = True  # type: ignore[attr-defined]
-        runner.forward_backward = forward_backward
+    @contextlib.contextmanager
+    def _forward_backward(self) -> Iterator[None]:
+        """Timed; on the memory step, the activation peak tracked and the model states
+        counted from the tensors."""
+        t0 = time.perf_counter()
+        tracker = self._tracker
+        if tracker is None:
+            yield
+        else:
+            cuda = self.dims.device.type == "cuda"
+            if cuda:
+                torch.cuda.synchronize()
+                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+            with tracker:
+                yield
+            mods = _modules_of(self.trainer)
+            grads = tracker.uids_of(grads_of(mods))
+            self.memory["activations"] = tracker.peak_excluding(grads)
+            self.memory["activations_with_grads"] = tracker.peak
+            if cuda:
+                torch.cuda.synchronize()
+                self.memory["allocator_peak_above_start"] = torch.cuda.max_memory_allocated() - base
+            self.memory["model_states"] = model_state_bytes(mods, self.trainer.optimizer)
+        self.timer["fwd_bwd"] = self.timer.get("fwd_bwd", 0.0) + time.perf_counter() - t0
 
     # ------------------------------------------------------------ per step
-    def _train_step(self, step: int) -> dict[str, Any]:
+    @contextlib.contextmanager
+    def _step(self, step: int) -> Iterator[None]:
         self.timer.clear()
         if step == self.memory_step:
             self._tracker = ActivationTracker()
@@ -285,7 +253,7 @@ class Probe:
             self._start_profiler()
         t0 = time.perf_counter()
         with record_function("ptd:step"):
-            rec = self._inner_step(step)
+            yield
         dt = time.perf_counter() - t0
         self._tracker = None
         if step == self.memory_step and "model_states" not in self.memory:
@@ -294,13 +262,16 @@ class Probe:
         self.step_times[step] = dt
         if self._prof is not None and step == self.profile_range[-1]:
             self._stop_profiler()
+
+    def annotate(self, rec: dict[str, Any]) -> None:
+        """Add this step's phase timings and what the step was used for to its record."""
+        step = rec["step"]
         for k in ("data", "fwd_bwd", "loss", "optimizer"):
             rec[f"t_{k}_s"] = self.timer.get(k, 0.0)
         if step in self.profile_range:
             rec["profiled"] = True
         if step == self.memory_step:
             rec["memory_tracked"] = True
-        return rec
 
     def _start_profiler(self) -> None:
         from torch.profiler import ProfilerActivity, profile

@@ -38,6 +38,7 @@ input and weight gradients and cannot run ``torch.compile``d blocks.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
@@ -122,6 +123,31 @@ def schedule_class(plan: ParallelPlan) -> type:
     return getattr(schedules, schedule_name(plan))
 
 
+@functools.cache
+def _spanned_stage_class() -> type:
+    """``PipelineStage`` whose forward, backward and weight-gradient passes of a micro-batch
+    run in the profiler spans ``ptd:forward``, ``ptd:backward`` and ``ptd:backward_w``: the
+    measured timeline tells a stage's compute from its wait for a neighbour (the bubble) by
+    them, and torch 2.13's pipelining has no hook around these calls, so the schedules' own
+    calls of these (public) methods are overridden here."""
+    from torch.autograd.profiler import record_function
+    from torch.distributed.pipelining import PipelineStage
+
+    class SpannedStage(PipelineStage):
+        def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+            with record_function("ptd:forward"):
+                return super().forward_one_chunk(*args, **kwargs)
+
+        def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+            with record_function("ptd:backward"):
+                return super().backward_one_chunk(*args, **kwargs)
+
+        def backward_weight_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+            with record_function("ptd:backward_w"):
+                return super().backward_weight_one_chunk(*args, **kwargs)
+    return SpannedStage
+
+
 def build_schedule(chunks: list[nn.Module], stage_ids: list[int], plan: ParallelPlan,
                    group: Any, device: torch.device,
                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -129,8 +155,9 @@ def build_schedule(chunks: list[nn.Module], stage_ids: list[int], plan: Parallel
     """The schedule over this rank's stages, and the ``PipelineStage``s. ``loss_fn`` already
     divides by the replica's tokens, so the schedule must not rescale gradients
     (``scale_grads=False``)."""
-    from torch.distributed.pipelining import PipelineStage, schedules
-    stages = [PipelineStage(c, s, plan.n_stages, device, group=group)
+    from torch.distributed.pipelining import schedules
+    stage_cls = _spanned_stage_class()
+    stages = [stage_cls(c, s, plan.n_stages, device, group=group)
               for c, s in zip(chunks, stage_ids)]
     cls = schedule_class(plan)
     if cls in (schedules.ScheduleGPipe, schedules.Schedule1F1B):

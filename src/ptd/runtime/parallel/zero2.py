@@ -14,7 +14,7 @@ states of its own: the ZeRO paper's ``P_os+g``.
 Why not FSDP2 without resharding after forward (what ptd did before): that shards the
 parameters as well and runs an all-gather and a reduce-scatter per block, whose gloo threads
 compete with the compute on a CPU; this is what DeepSpeed's stage 2 does, and it measured
-faster on 4 workers of a 2-core box (README, "Against other frameworks").
+faster on 4 workers of a 2-core box (docs/benchmarks.md, "Against other frameworks").
 
 Gradient accumulation: micro-steps before the last accumulate locally
 (:func:`~ptd.runtime.parallel.gradient_sync` switches the hooks off). On gloo the

@@ -1,0 +1,141 @@
+"""Helpers the test modules share (fixtures live in conftest.py). No test module imports
+another: what two of them need is here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from ptd.specs import ClusterSpec, ModelSpec, get_preset, load_hardware
+
+# ----------------------------------------------------------------- runs of ptd train
+
+
+def ptd_train(out: Path, *flags: str, home: Path, common: Sequence[str] = (),
+              dump_params: bool = False, env: dict[str, str] | None = None,
+              timeout: float = 150) -> subprocess.CompletedProcess:
+    """``python -m ptd train COMMON FLAGS --out OUT`` as its own process, ptd's home at
+    ``home``. ``PTD_FAULT`` and ``PTD_DUMP_PARAMS`` of this process are not passed on: a
+    run gets a fault only through ``env``, and ``dump_params`` makes rank 0 save the whole
+    model's parameters before the first and after the last step (``params_*.pt``)."""
+    e = {k: v for k, v in os.environ.items() if k not in ("PTD_FAULT", "PTD_DUMP_PARAMS")}
+    e["PTD_HOME"] = str(home)
+    if dump_params:
+        e["PTD_DUMP_PARAMS"] = "1"
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "ptd", "train", *common, *flags, "--out", str(out)],
+                          env=e, capture_output=True, text=True, timeout=timeout)
+
+
+def trained(out: Path, *flags: str, **kw: Any) -> Path:
+    """:func:`ptd_train` that must succeed; the run folder."""
+    ok(ptd_train(out, *flags, **kw))
+    return out
+
+
+def ok(r: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    """``r`` if it exited 0; else fail with the ends of its output."""
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-8000:]
+    return r
+
+
+def records(out: Path) -> list[dict[str, Any]]:
+    """The run's ``metrics.jsonl``, one dict per logged step."""
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(out: Path) -> list[float]:
+    return [r["loss"] for r in records(out)]
+
+
+def grad_norms(out: Path) -> list[float]:
+    return [r["grad_norm"] for r in records(out)]
+
+
+def params(out: Path, which: str = "final") -> dict[str, Any]:
+    """The parameters a ``dump_params`` run saved (``init`` or ``final``)."""
+    import torch
+    return torch.load(Path(out) / f"params_{which}.pt")
+
+
+def assert_same_params(run: Path, ref: Path, rel: float = 1e-5) -> float:
+    """Two ``dump_params`` runs: the final parameters within ``rel`` of their norm (L2 over
+    all tensors), the initial ones bit-identical (the init is seeded by name, not layout).
+    Returns the final parameters' relative difference."""
+    import math
+
+    import torch
+    pa, pb = params(run), params(ref)
+    assert set(pa) == set(pb)
+    diff = math.sqrt(sum(float(((pa[k].double() - pb[k].double()) ** 2).sum()) for k in pb))
+    norm = math.sqrt(sum(float((pb[k].double() ** 2).sum()) for k in pb))
+    assert diff <= rel * norm, f"parameters differ by {diff / norm:.2e} of their norm"
+    ia, ib = params(run, "init"), params(ref, "init")
+    assert all(torch.equal(ia[k], ib[k]) for k in ib)
+    return diff / norm
+
+
+# ----------------------------------------------------------------- processes without ptd
+
+
+def _in_world(worker: Any, rank: int, world: int, store: str, q: Any) -> None:
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank,
+                            world_size=world)
+    try:
+        q.put((rank, worker(rank, world)))
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_world(worker: Any, world: int, store: Path, timeout: float = 80) -> dict[int, Any]:
+    """``worker(rank, world)`` in each of ``world`` spawned processes, one thread each,
+    joined in a gloo process group over a file store at ``store``; their results by rank.
+    ``worker`` must be a module-level function (spawn pickles it by name)."""
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_in_world, args=(worker, r, world, str(store), q))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    out = dict(q.get(timeout=timeout) for _ in range(world))
+    for p in procs:
+        p.join(timeout=30)
+    assert sorted(out) == list(range(world))
+    return out
+
+
+# ----------------------------------------------------------------- specs
+
+
+def cluster(hw: str, n: int, per_node: int = 0) -> ClusterSpec:
+    return ClusterSpec(load_hardware(hw), n, per_node)
+
+
+def gpt(L: int, h: int, a: int, V: int = 51200, S: int = 2048, dropout: float = 0.0) -> ModelSpec:
+    """A Megatron-style GPT: F = 4h, multi-head attention, LayerNorm, learned positions."""
+    return get_preset("gpt2").replace(name=f"gpt-{L}x{h}", n_layers=L, hidden=h, n_heads=a,
+                                      n_kv_heads=a, ffn_hidden=4 * h, vocab_size=V,
+                                      max_seq_len=S, dropout=dropout)
+
+
+# ----------------------------------------------------------------- no processes
+
+
+def forbid_processes(monkeypatch: Any, start_workers: Any = None) -> None:
+    """Fail the test if anything starts a worker, a torchrun or any subprocess; with
+    ``start_workers``, calls to the launcher go there instead (to record them)."""
+    import ptd.runtime.launch as launch
+
+    def boom(*a: Any, **k: Any) -> None:
+        raise AssertionError("a worker or a process was started")
+    monkeypatch.setattr(launch, "start_workers", start_workers or boom)
+    monkeypatch.setattr(subprocess, "run", boom)
+    monkeypatch.setattr(subprocess, "Popen", boom)

@@ -112,7 +112,7 @@ K_FILL = 128
 """Inner-dimension elements a tile's main loop loses to filling and draining its pipeline."""
 
 
-def shape_efficiency(m: float, n: float, k: float, sms: int) -> float:
+def shape_efficiency(m: float, n: float, k: float, sms: int, count: float = 1) -> float:
     """Fraction of the large-matmul rate a product of (m x k) @ (k x n) reaches on a GPU with
     ``sms`` multiprocessors: tile quantisation (partial tiles at the edges), wave quantisation
     (the last wave of tiles leaves multiprocessors idle; NVIDIA, "Matrix Multiplication
@@ -122,13 +122,21 @@ def shape_efficiency(m: float, n: float, k: float, sms: int) -> float:
     Checked against an H100 (tests/test_cost_shapes.py): the products of transformer layers
     (hidden 2304..12288, tp 1..8) are predicted within a median 6.4% of their measured rates
     with the preset's efficiency (Bekman's maximum achievable) and the measured launch cost."""
-    m, n = math.ceil(m), math.ceil(n)
+    m, n, count = math.ceil(m), math.ceil(n), max(1, math.ceil(count))
     best = 0.0
     for tm, tn, rel in GPU_TILES:
-        tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        tiles = math.ceil(m / tm) * math.ceil(n / tn) * count  # a batch shares the waves
         waves = math.ceil(tiles / sms)
-        best = max(best, rel * m * n / (waves * sms * tm * tn))
+        best = max(best, rel * m * n * count / (waves * sms * tm * tn))
     return best * k / (k + K_FILL)
+
+
+# Achieved bandwidth of PyTorch's norm kernels relative to a large copy (measured on an H100
+# 80GB HBM3, 2026-11-24, scripts/gpu_microbench.py, 2^28 bf16 elements: copy 2.98 TB/s,
+# layer_norm 2.07, rms_norm 2.02). The cost model's memory bandwidth is the copy's, so a
+# norm's bytes take 1/0.68 as long. (PyTorch's softmax reached 1.29 TB/s, but unfused
+# attention stacks ran their own fused scale-mask-softmax kernels, not measured: not applied.)
+NORM_BW_FRACTION = 2.02 / 2.98
 
 
 def gemm_time(g: Gemm, rate: float, bw: float, act_bytes: int, hw: HardwareSpec | None = None
@@ -138,7 +146,7 @@ def gemm_time(g: Gemm, rate: float, bw: float, act_bytes: int, hw: HardwareSpec 
     mem = act_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count
     if hw is None or not hw.sm_count or g.m < 1 or g.n < 1:
         return max(g.flops / rate, mem / bw)
-    eff = shape_efficiency(g.m, g.n, g.k, hw.sm_count)
+    eff = shape_efficiency(g.m, g.n, g.k, hw.sm_count, g.count)
     return max(g.flops / (rate * eff), mem / bw) + hw.kernel_launch * g.count
 
 
@@ -183,6 +191,11 @@ def elementwise_bytes_fwd(model: ModelSpec, tokens: int, tp: int, sp: bool, act_
     return total
 
 
+def norm_bytes_fwd(model: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: int) -> float:
+    """The two norms' share of :func:`elementwise_bytes_fwd` (read and write ``h`` each)."""
+    return 4 * model.hidden / (tp if sp else 1) * tokens * act_bytes
+
+
 @dataclass(frozen=True)
 class BlockTime:
     """Seconds for one micro-batch through one block on one rank."""
@@ -224,6 +237,9 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
     lin, attn = block_gemms(model, tokens, seq_len, micro_batch, tp)
     t_lin = sum(gemm_time(g, rate, bw, ab, hw) for g in lin)
     ew = elementwise_bytes_fwd(model, tokens, tp, sp, ab) / bw
+    gpu_kernels = bool(hw.sm_count)  # the measured kernel bandwidths are a GPU's
+    if gpu_kernels:  # the two norms (4h bytes per token of the total) run slower than a copy
+        ew += norm_bytes_fwd(model, tokens, tp, sp, ab) / bw * (1 / NORM_BW_FRACTION - 1)
     if attention == "flash":
         # fused: the s x s scores never reach memory; it reads Q, K, V and writes O
         flops = 0.5 * sum(g.flops for g in attn)  # causal tiles skipped
@@ -231,7 +247,7 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
         t_attn = max(flops / (rate * hw.attention_efficiency), io / bw)
         t_attn_bwd = max(2.5 * flops / (rate * hw.attention_efficiency), 2 * io / bw)
     else:
-        t_attn = (sum(gemm_time(g, rate, bw, ab) for g in attn)
+        t_attn = (sum(gemm_time(g, rate, bw, ab, hw) for g in attn)
                   + scores_bytes_fwd(model, seq_len, micro_batch, tp, ab) / bw)
         t_attn_bwd = 2 * t_attn
     ops = block_ops(model)

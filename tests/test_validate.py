@@ -192,3 +192,21 @@ def test_sc21_ptd_p_ranks_above_zero3_on_1536_a100():
     zero3 = search(m, c, 1536, 2048, dtype="fp16", fixed={"dp": 1536, "zero": 3}).best
     assert ptdp is not None and zero3 is not None
     assert ptdp.step.total < zero3.step.total
+
+
+def test_small_kernels_are_bound_by_their_issue_time_on_a_gpu():
+    # A block of the tiny model does microseconds of work per operator; on an H100 its
+    # forward then takes (operators) x 10.5 us, the measured back-to-back launch cost.
+    from ptd.cost.compute import block_ops, block_time
+    from ptd.specs.model import get_preset
+    hw, m = get_hardware_preset("h100-sxm"), get_preset("tiny")
+    t = block_time(m, hw, 256, 8, 1, False, "bf16", hw.peak("bf16") * hw.gemm_efficiency)
+    f, b = block_ops(m)
+    assert t.forward == pytest.approx(f * 10.5e-6) and t.backward == pytest.approx(b * 10.5e-6)
+    # a Llama 3 8B block on 2 x 4096 tokens is bound by its kernels: the floor (80 operators,
+    # 0.84 ms) is not what sets its forward (6.5 ms: 218 M parameters x 2 x 8192 tokens at
+    # ~0.55-0.6 of the peak)
+    big_model = get_preset("llama3-8b")
+    big = block_time(big_model, hw, 4096, 2, 1, False, "bf16", hw.peak("bf16") * hw.gemm_efficiency)
+    assert big.forward > 5 * block_ops(big_model)[0] * 10.5e-6
+

@@ -191,6 +191,14 @@ def elementwise_bytes_fwd(model: ModelSpec, tokens: int, tp: int, sp: bool, act_
     return total
 
 
+def dispatch_floor(t: float, n_ops: int, hw: HardwareSpec) -> float:
+    """On a GPU the host issues every operator (``hw.kernel_launch`` each, measured back to
+    back); the device runs them asynchronously, so a phase takes the longer of its kernels'
+    time and its operators' issue time. Large models hide the issue time; small ones (the
+    ``tiny`` model: ~100 operators per block, microseconds of work each) are bound by it."""
+    return max(t, n_ops * hw.kernel_launch)
+
+
 def norm_bytes_fwd(model: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: int) -> float:
     """The two norms' share of :func:`elementwise_bytes_fwd` (read and write ``h`` each)."""
     return 4 * model.hidden / (tp if sp else 1) * tokens * act_bytes
@@ -251,8 +259,8 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
                   + scores_bytes_fwd(model, seq_len, micro_batch, tp, ab) / bw)
         t_attn_bwd = 2 * t_attn
     ops = block_ops(model)
-    fwd = t_lin + t_attn + ew + ops[0] * overhead
-    bwd = 2 * t_lin + t_attn_bwd + 2 * ew + ops[1] * overhead
+    fwd = dispatch_floor(t_lin + t_attn + ew + ops[0] * overhead, ops[0], hw)
+    bwd = dispatch_floor(2 * t_lin + t_attn_bwd + 2 * ew + ops[1] * overhead, ops[1], hw)
     if tp > 1 and dtensor_overhead:
         (df, db), _ = tp_dtensor_ops(model, sp)
         fwd += df * dtensor_overhead
@@ -275,8 +283,10 @@ def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype:
     loss_bytes = 5 * 4 * tokens * model.vocab_size / tp
     norm_bytes = 2 * ab * tokens * model.hidden
     of, ob = output_ops(model)
-    fwd = gemm_time(g, rate, bw, ab, hw) + (0.5 * loss_bytes + norm_bytes) / bw + of * overhead
-    bwd = 2 * gemm_time(g, rate, bw, ab, hw) + (0.5 * loss_bytes + 2 * norm_bytes) / bw + ob * overhead
+    fwd = dispatch_floor(gemm_time(g, rate, bw, ab, hw) + (0.5 * loss_bytes + norm_bytes) / bw
+                         + of * overhead, of, hw)
+    bwd = dispatch_floor(2 * gemm_time(g, rate, bw, ab, hw) + (0.5 * loss_bytes + 2 * norm_bytes)
+                         / bw + ob * overhead, ob, hw)
     if tp > 1 and dtensor_overhead:
         _, (df, db) = tp_dtensor_ops(model, sp)
         fwd += df * dtensor_overhead

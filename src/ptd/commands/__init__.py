@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-MODULES = ["calc", "estimate", "plan", "train", "calibrate", "bench", "report", "export"]
+MODULES = ["calc", "estimate", "plan", "validate", "train", "calibrate", "bench", "report", "export"]
 
 
 def load(name: str) -> ModuleType:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..cost.stacks import STACKS
 from ..cli import emit_json, nonneg_int, positive_float, positive_int
 from ..errors import PtdError
 from ..fmt import duration, gib, pct, si, table
@@ -35,8 +36,13 @@ def add_plan_flags(p: argparse.ArgumentParser, *, world_flag: str = "--gpus") ->
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     p.add_argument("--tokens", type=positive_float,
                    help="tokens to train, for time to train (default 20 per parameter)")
-    p.add_argument("--attention", choices=["flash", "scores"], default="flash",
-                   help="fused attention (PyTorch SDPA, default) or one that stores s*s scores")
+    p.add_argument("--stack", choices=list(STACKS), default="ptd",
+                   help="framework whose behaviour to price (attention kernels, overlap, "
+                        "schedules): ptd (default), megatron-2021, megatron-core, torchtitan, "
+                        "deepspeed; see docs/validation.md")
+    p.add_argument("--attention", choices=["flash", "scores"],
+                   help="fused attention (flash) or one that stores s*s scores (default: the "
+                        "stack's; ptd: flash)")
     p.add_argument("--convention", choices=["ptd", "zero"], default="ptd",
                    help="model-state bytes: ptd runtime (4+4+8) or ZeRO paper (2+2+12)")
     p.add_argument("--no-dp-overlap", action="store_true",
@@ -70,8 +76,14 @@ def resolve(a: argparse.Namespace):
     model = load_model(a.model)
     hw = load_hardware(a.hardware)
     cluster = ClusterSpec(hw, a.gpus, a.gpus_per_node or 0)
-    opts = CostOptions(convention=a.convention, attention=a.attention,
-                       dp_overlap=not a.no_dp_overlap)
+    import dataclasses
+
+    from ..cost.stacks import stack_options
+    opts = dataclasses.replace(stack_options(a.stack), convention=a.convention)
+    if a.attention:
+        opts = dataclasses.replace(opts, attention=a.attention)
+    if a.no_dp_overlap:
+        opts = dataclasses.replace(opts, dp_overlap=False)
     return model, cluster, opts
 
 

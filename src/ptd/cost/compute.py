@@ -25,6 +25,7 @@ dropout when enabled -- memory traffic of ``a s^2 b`` elements per pass).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..specs.hardware import DTYPE_BYTES, HardwareSpec
@@ -103,10 +104,50 @@ class Gemm:
         return 2.0 * self.m * self.n * self.k * self.count
 
 
-def gemm_time(g: Gemm, rate: float, bw: float, act_bytes: int) -> float:
-    """Roofline time of ``g``."""
+# Output tiles (m x n) of the cuBLAS kernels seen on an H100 (docs/gpu-h100.md: nvjet_sm90
+# 256x128, 128x128, 128x64), each with its rate relative to the largest: a smaller tile
+# reloads its operands for fewer products.
+GPU_TILES = ((256, 128, 1.0), (128, 128, 0.93), (128, 64, 0.80))
+K_FILL = 128
+"""Inner-dimension elements a tile's main loop loses to filling and draining its pipeline."""
+
+
+def shape_efficiency(m: float, n: float, k: float, sms: int, count: float = 1) -> float:
+    """Fraction of the large-matmul rate a product of (m x k) @ (k x n) reaches on a GPU with
+    ``sms`` multiprocessors: tile quantisation (partial tiles at the edges), wave quantisation
+    (the last wave of tiles leaves multiprocessors idle; NVIDIA, "Matrix Multiplication
+    Background User's Guide", Deep Learning Performance documentation) -- the best of the
+    tile shapes, as cuBLAS's heuristics pick -- times ``k / (k + K_FILL)``.
+
+    Checked against an H100 (tests/test_cost_shapes.py): the products of transformer layers
+    (hidden 2304..12288, tp 1..8) are predicted within a median 6.4% of their measured rates
+    with the preset's efficiency (Bekman's maximum achievable) and the measured launch cost."""
+    m, n, count = math.ceil(m), math.ceil(n), max(1, math.ceil(count))
+    best = 0.0
+    for tm, tn, rel in GPU_TILES:
+        tiles = math.ceil(m / tm) * math.ceil(n / tn) * count  # a batch shares the waves
+        waves = math.ceil(tiles / sms)
+        best = max(best, rel * m * n * count / (waves * sms * tm * tn))
+    return best * k / (k + K_FILL)
+
+
+# Achieved bandwidth of PyTorch's norm kernels relative to a large copy (measured on an H100
+# 80GB HBM3, 2026-11-24, scripts/gpu_microbench.py, 2^28 bf16 elements: copy 2.98 TB/s,
+# layer_norm 2.07, rms_norm 2.02). The cost model's memory bandwidth is the copy's, so a
+# norm's bytes take 1/0.68 as long. (PyTorch's softmax reached 1.29 TB/s, but unfused
+# attention stacks ran their own fused scale-mask-softmax kernels, not measured: not applied.)
+NORM_BW_FRACTION = 2.02 / 2.98
+
+
+def gemm_time(g: Gemm, rate: float, bw: float, act_bytes: int, hw: HardwareSpec | None = None
+              ) -> float:
+    """Roofline time of ``g``; with a GPU's shape model (``hw.sm_count``), at the rate its
+    shape reaches, plus the kernel's launch cost."""
     mem = act_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count
-    return max(g.flops / rate, mem / bw)
+    if hw is None or not hw.sm_count or g.m < 1 or g.n < 1:
+        return max(g.flops / rate, mem / bw)
+    eff = shape_efficiency(g.m, g.n, g.k, hw.sm_count, g.count)
+    return max(g.flops / (rate * eff), mem / bw) + hw.kernel_launch * g.count
 
 
 def block_gemms(model: ModelSpec, tokens: int, seq_len: int, micro_batch: int, tp: int
@@ -150,6 +191,19 @@ def elementwise_bytes_fwd(model: ModelSpec, tokens: int, tp: int, sp: bool, act_
     return total
 
 
+def dispatch_floor(t: float, n_ops: int, hw: HardwareSpec) -> float:
+    """On a GPU the host issues every operator (``hw.kernel_launch`` each, measured back to
+    back); the device runs them asynchronously, so a phase takes the longer of its kernels'
+    time and its operators' issue time. Large models hide the issue time; small ones (the
+    ``tiny`` model: ~100 operators per block, microseconds of work each) are bound by it."""
+    return max(t, n_ops * hw.kernel_launch)
+
+
+def norm_bytes_fwd(model: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: int) -> float:
+    """The two norms' share of :func:`elementwise_bytes_fwd` (read and write ``h`` each)."""
+    return 4 * model.hidden / (tp if sp else 1) * tokens * act_bytes
+
+
 @dataclass(frozen=True)
 class BlockTime:
     """Seconds for one micro-batch through one block on one rank."""
@@ -189,8 +243,11 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
     overhead = hw.op_overhead if overhead is None else overhead
     tokens = seq_len * micro_batch
     lin, attn = block_gemms(model, tokens, seq_len, micro_batch, tp)
-    t_lin = sum(gemm_time(g, rate, bw, ab) for g in lin)
+    t_lin = sum(gemm_time(g, rate, bw, ab, hw) for g in lin)
     ew = elementwise_bytes_fwd(model, tokens, tp, sp, ab) / bw
+    gpu_kernels = bool(hw.sm_count)  # the measured kernel bandwidths are a GPU's
+    if gpu_kernels:  # the two norms (4h bytes per token of the total) run slower than a copy
+        ew += norm_bytes_fwd(model, tokens, tp, sp, ab) / bw * (1 / NORM_BW_FRACTION - 1)
     if attention == "flash":
         # fused: the s x s scores never reach memory; it reads Q, K, V and writes O
         flops = 0.5 * sum(g.flops for g in attn)  # causal tiles skipped
@@ -198,19 +255,19 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
         t_attn = max(flops / (rate * hw.attention_efficiency), io / bw)
         t_attn_bwd = max(2.5 * flops / (rate * hw.attention_efficiency), 2 * io / bw)
     else:
-        t_attn = (sum(gemm_time(g, rate, bw, ab) for g in attn)
+        t_attn = (sum(gemm_time(g, rate, bw, ab, hw) for g in attn)
                   + scores_bytes_fwd(model, seq_len, micro_batch, tp, ab) / bw)
         t_attn_bwd = 2 * t_attn
     ops = block_ops(model)
-    fwd = t_lin + t_attn + ew + ops[0] * overhead
-    bwd = 2 * t_lin + t_attn_bwd + 2 * ew + ops[1] * overhead
+    fwd = dispatch_floor(t_lin + t_attn + ew + ops[0] * overhead, ops[0], hw)
+    bwd = dispatch_floor(2 * t_lin + t_attn_bwd + 2 * ew + ops[1] * overhead, ops[1], hw)
     if tp > 1 and dtensor_overhead:
         (df, db), _ = tp_dtensor_ops(model, sp)
         fwd += df * dtensor_overhead
         bwd += db * dtensor_overhead
     down = lin[-1]  # the block's last product (per expert for MoE)
     return BlockTime(forward=fwd, backward=bwd, attention_forward=t_attn,
-                     last_matmul_forward=gemm_time(down, rate, bw, ab) + overhead)
+                     last_matmul_forward=gemm_time(down, rate, bw, ab, hw) + overhead)
 
 
 def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype: str,
@@ -226,8 +283,10 @@ def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype:
     loss_bytes = 5 * 4 * tokens * model.vocab_size / tp
     norm_bytes = 2 * ab * tokens * model.hidden
     of, ob = output_ops(model)
-    fwd = gemm_time(g, rate, bw, ab) + (0.5 * loss_bytes + norm_bytes) / bw + of * overhead
-    bwd = 2 * gemm_time(g, rate, bw, ab) + (0.5 * loss_bytes + 2 * norm_bytes) / bw + ob * overhead
+    fwd = dispatch_floor(gemm_time(g, rate, bw, ab, hw) + (0.5 * loss_bytes + norm_bytes) / bw
+                         + of * overhead, of, hw)
+    bwd = dispatch_floor(2 * gemm_time(g, rate, bw, ab, hw) + (0.5 * loss_bytes + 2 * norm_bytes)
+                         / bw + ob * overhead, ob, hw)
     if tp > 1 and dtensor_overhead:
         _, (df, db) = tp_dtensor_ops(model, sp)
         fwd += df * dtensor_overhead

@@ -46,6 +46,8 @@ class CostOptions:
     """Without sequence parallelism, each column-parallel layer's input gradient is
     all-reduced on its own (PyTorch DTensor: 5 per SwiGLU block backward); False: summed
     first, 2 per block (Megatron-LM)."""
+    schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")
+    """Pipeline schedules the stack offers, for knobs left to the cost model to choose."""
 
 
 @dataclass(frozen=True)
@@ -153,8 +155,11 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidates(model: ModelSpec, base: ParallelPlan, free: Iterable[str]) -> Iterable[ParallelPlan]:
-    """Every valid plan that differs from ``base`` only in the ``free`` knobs."""
+def candidates(model: ModelSpec, base: ParallelPlan, free: Iterable[str],
+               schedules: Iterable[str] = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")
+               ) -> Iterable[ParallelPlan]:
+    """Every valid plan that differs from ``base`` only in the ``free`` knobs (a free
+    schedule among ``schedules``)."""
     free = set(free)
     per_replica = base.global_batch // base.dp if base.global_batch % base.dp == 0 else 0
     mbs = _divisors(per_replica) if "micro_batch" in free and per_replica else [base.micro_batch]
@@ -164,8 +169,7 @@ def candidates(model: ModelSpec, base: ParallelPlan, free: Iterable[str]) -> Ite
     if base.pp > 1:
         per_rank = model.n_layers // base.pp if model.n_layers % base.pp == 0 else 0
         vpps = ([d for d in _divisors(per_rank)] if "vpp" in free and per_rank else [base.vpp])
-        scheds = (["1f1b", "interleaved-1f1b", "zero-bubble", "gpipe"] if "schedule" in free
-                  else [base.schedule])
+        scheds = list(schedules) if "schedule" in free else [base.schedule]
     else:
         vpps, scheds = [1], [base.schedule]
     for mb, z, rc, sp, vpp, sch in itertools.product(mbs, zeros, rcs, sps, vpps, scheds):
@@ -190,7 +194,7 @@ def choose(model: ModelSpec, cluster: ClusterSpec, base: ParallelPlan, free: Ite
     free = [k for k in FREE_KNOBS if k in set(free)]
     best: Estimate | None = None
     smallest: Estimate | None = None
-    for p in candidates(model, base, free):
+    for p in candidates(model, base, free, options.schedules):
         e = estimate(model, cluster, p, tokens, options, validate=False)
         if e.memory.fits:
             if best is None or (e.step.total, e.memory.total) < (best.step.total, best.memory.total):

@@ -277,9 +277,12 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
                 blk_f = blk_b = 0.0
             hidden_ag = max(0.0, ag_block - blk_f)  # prefetch one block ahead
             exposed_ag = m * (ag_block + (nl - 1) * hidden_ag)
-            exposed_ag += m * nl * max(0.0, ag_block - blk_b)
-            exposed_rs = rs_block + (nl - 1) * max(0.0, rs_block - blk_b)
-            dp_exposed = exposed_ag + exposed_rs
+            # Backward: while a block computes, the next block's gather and (on the last
+            # micro-batch) this block's reduce-scatter both cross the same links, so they
+            # hide behind its compute together, not each on its own.
+            exposed_b = (m - 1) * nl * max(0.0, ag_block - blk_b)
+            exposed_b += nl * max(0.0, ag_block + rs_block - blk_b) + rs_block
+            dp_exposed = exposed_ag + exposed_b
 
     opt_params = local / dp_n if plan.zero >= 1 else local
     n_tensors = len(P.layer_params(model)) * nl + 4

@@ -284,6 +284,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: i
                 note(reason, 1, layout)
                 continue
             scheds = _schedules(L, pp, fixed, allow_uneven, max_uneven_vpp)
+            scheds = [o for o in scheds if o[0] in options.schedules]  # the stack's
             mbs = opts("micro_batch", _divisors(global_batch // dp))
             sps = opts("sp", [False, True] if tp > 1 else [False])
             inner = len(zeros) * len(sps) * len(rcs)

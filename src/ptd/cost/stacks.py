@@ -1,0 +1,71 @@
+"""Training stacks: what each framework does that changes the step time of the same plan.
+
+A plan (tp, pp, dp, ZeRO, micro-batch, recompute) does not fix the step time: frameworks
+differ in how they run it. ``--stack`` names one of the stacks below; each is a small set of
+named behaviours, every one cited to the project's paper or documentation, which the cost
+model reads through :class:`ptd.cost.estimate.CostOptions`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import PtdError
+from .estimate import CostOptions
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    attention: str
+    """``flash``: fused attention kernels (no s x s scores in memory, causal tiles skipped);
+    ``scores``: QK^T materialised, softmax and dropout as separate passes."""
+    dp_overlap: bool
+    """Data-parallel gradient reduction overlaps the backward pass."""
+    recompute_early_stop: bool
+    """Full recompute stops before each block's last product (PyTorch's non-reentrant
+    checkpoint) rather than re-running the whole forward."""
+    tp_grad_per_linear: bool
+    """Without sequence parallelism, each column-parallel layer's input gradient is reduced
+    on its own (PyTorch DTensor) rather than summed first (fused QKV and MLP input)."""
+    schedules: tuple[str, ...]
+    """Pipeline schedules the stack implements."""
+    sources: str
+
+
+STACKS: dict[str, Stack] = {s.name: s for s in (
+    Stack("ptd", "flash", True, True, True, ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe"),
+          "ptd's runtime: PyTorch SDPA, DDP bucketed all-reduce and FSDP2 reduce-scatter "
+          "during backward, torch.utils.checkpoint(use_reentrant=False), DTensor tensor "
+          "parallelism (src/ptd/runtime)."),
+    Stack("megatron-2021", "scores", False, False, False, ("1f1b", "interleaved-1f1b"),
+          "Narayanan et al. 2021 (arXiv 2104.04473) and Korthikanti et al. 2022 (arXiv "
+          "2205.05198): unfused attention with a fused scale-mask-softmax kernel, the "
+          "gradient all-reduce after the backward pass (overlap came with "
+          "--overlap-grad-reduce, NVIDIA/Megatron-LM#391, 2023), full recompute re-runs the "
+          "block's forward, fused QKV / MLP-input projections (one all-reduce each); "
+          "pipeline schedules 1F1B and interleaved 1F1B (the paper's section 2.2)."),
+    Stack("megatron-core", "flash", True, False, False, ("1f1b", "interleaved-1f1b"),
+          "Megatron-Core (NVIDIA/Megatron-LM README 2024, performance table run with "
+          "--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap): Transformer "
+          "Engine fused attention, overlapped gradient reduce-scatter, fused projections."),
+    Stack("torchtitan", "flash", True, True, True,
+          ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe"),
+          "torchtitan (Liang et al. 2024, arXiv 2410.06511): FSDP2 with prefetching, PyTorch "
+          "SDPA, non-reentrant activation checkpointing, DTensor tensor parallelism."),
+    Stack("deepspeed", "scores", True, False, False, ("1f1b",),
+          "Megatron-DeepSpeed (Smith et al. 2022, arXiv 2201.11990; BLOOM 2022): Megatron's "
+          "2021 kernels with DeepSpeed's ZeRO, whose reduction overlaps the backward "
+          "(ZeRO config overlap_comm)."),
+)}
+
+
+def stack_options(name: str, hardware: object = None) -> CostOptions:
+    """The cost model's options for stack ``name``."""
+    try:
+        s = STACKS[name]
+    except KeyError:
+        raise PtdError(f"unknown stack {name!r}; known: {', '.join(STACKS)}") from None
+    return CostOptions(attention=s.attention, dp_overlap=s.dp_overlap,  # type: ignore[arg-type]
+                       recompute_early_stop=s.recompute_early_stop,
+                       tp_grad_per_linear=s.tp_grad_per_linear, schedules=s.schedules)

@@ -1,0 +1,333 @@
+"""Hold the cost model against published training runs (``ptd validate``).
+
+A cases file (schema: ``ptd/data/published_cases.yaml``, a copy of the team's
+``shared/published/cases.yaml``) lists runs with the model, the hardware, the parallel plan
+and what was measured. Each case is priced by :func:`ptd.cost.estimate.choose` and compared
+with its published figure. **The cases are for validation only**: nothing here, nor anywhere
+in ``ptd.cost``, recognises a case, a source or a model by name; every case is read by the
+same general rules, stated below, and a case that cannot be priced is an error row with the
+reason, never skipped.
+
+**Rules for what a case leaves unsaid.**
+
+* *Architecture.* The schema gives layers, hidden, heads, FFN width, vocabulary and the
+  parameter count ``params_b``, not the block's kind. Of the candidates {GELU MLP with
+  LayerNorm and learned positions (GPT), SwiGLU with RMSNorm and RoPE (Llama)} x {every
+  key/value head count dividing ``heads``}, the one whose parameter count is nearest to
+  ``params_b`` is used (optional fields ``mlp`` and ``kv_heads`` override it).
+* *Hardware.* The ``gpu`` text names the preset (``H100`` -> ``h100-sxm``, ``A100`` ->
+  ``a100-80g``, or ``a100-40g`` when it says 40GB); ``gpus_per_node`` sets the node size. A
+  network rate in the text (``8x200Gb/s ... per node``, ``800Gbps inter-node``, ``400 Gb/s
+  ... per GPU``) sets the inter-node bandwidth: per GPU when the text says so, otherwise per
+  node (``N x rate`` summed), shared by the node's GPUs.
+* *Plan.* ``zero``: a number, or a text starting with one, is that stage; a text naming a
+  "distributed optimizer" is stage 1 (Megatron-LM's distributed optimizer shards optimizer
+  states, ZeRO-1); otherwise 0. ``recompute``: ``full``, ``selective`` or ``none`` when the
+  text starts with one of them, else unstated. ``micro_batch``, ``vpp``, ``recompute``,
+  ``sequence_parallel`` left null or unstated are chosen by the cost model as
+  ``ptd estimate`` chooses them (the fastest that fits). Precision: fp16 when the notes say
+  fp16, else bf16 (the same peak on these GPUs).
+* *Stack.* An optional ``stack`` field, else from the ``source`` text (or, when the source
+  names no project, the ``notes``): a Megatron-LM paper or
+  Megatron-DeepSpeed run of 2022 or earlier -> ``megatron-2021``; Megatron-LM / Megatron-Core
+  later -> ``megatron-core``; torchtitan -> ``torchtitan``; DeepSpeed (Megatron-DeepSpeed
+  included, checked first) -> ``deepspeed``; otherwise ``ptd`` (PyTorch FSDP/DDP). See
+  :mod:`ptd.cost.stacks`.
+* *Pipeline split.* Layers that the stages do not divide are split unevenly by cost (as
+  Megatron-LM states first- and last-stage layer counts).
+* *The published figure.* ``mfu`` when given (compared with ptd's MFU), else ``hfu`` (ptd's
+  HFU, recomputation counted), else ``tflops_per_gpu`` (ptd's hardware FLOP rate: for
+  GPT-shaped models ptd's count is exactly Narayanan et al. 2021 eq. 3, the convention of the
+  sources that give bare TFLOP/s). The figure is a FLOP count over the measured step time, so
+  the error is, up to the FLOP convention, ``T_measured / T_predicted - 1``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import PtdError
+from ..specs.hardware import ClusterSpec, get_hardware_preset
+from ..specs.model import ModelSpec
+from ..specs.plan import ParallelPlan
+from .estimate import FREE_KNOBS, Estimate, choose
+from .stacks import STACKS, stack_options
+
+SHIPPED = Path(__file__).resolve().parent.parent / "data" / "published_cases.yaml"
+_REQUIRED = {"model": ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len"),
+             "hardware": ("gpu", "gpus_total"),
+             "plan": ("tp", "pp", "dp", "global_batch"),
+             "measured": ()}
+
+
+@dataclass
+class CaseResult:
+    """One row of the validation table."""
+
+    id: str
+    source: str
+    metric: str = ""
+    """``mfu``, ``hfu`` or ``tflops_per_gpu``: the published figure compared."""
+    published: float | None = None
+    predicted: float | None = None
+    stack: str = ""
+    plan: str = ""
+    chosen: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    """Why the case could not be priced (empty when it was)."""
+
+    @property
+    def rel_error(self) -> float | None:
+        """predicted / published - 1 (positive: the model is optimistic)."""
+        if self.published is None or self.predicted is None:
+            return None
+        return self.predicted / self.published - 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "source": self.source, "stack": self.stack, "plan": self.plan,
+                "chosen": self.chosen, "metric": self.metric, "published": self.published,
+                "predicted": self.predicted, "rel_error": self.rel_error,
+                "error": self.error or None}
+
+
+def load_cases(path: str | Path | None = None) -> list[dict[str, Any]]:
+    """The cases of a file (default: the shipped copy), checked for the fields the rules
+    need; a malformed file is one PtdError naming the problem."""
+    import yaml
+
+    p = Path(path) if path else SHIPPED
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise PtdError(f"cases file {str(p)!r}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise PtdError(f"cases file {str(p)!r} is not UTF-8 text") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise PtdError(f"cases file {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+    cases = data.get("cases") if isinstance(data, dict) else None
+    if not isinstance(cases, list) or not cases:
+        raise PtdError(f"cases file {str(p)!r} has no 'cases' list")
+    for i, c in enumerate(cases):
+        where = f"cases file {str(p)!r}, case {i + 1}"
+        if not isinstance(c, dict) or not isinstance(c.get("id"), str):
+            raise PtdError(f"{where}: each case needs an 'id' string")
+        for part, keys in _REQUIRED.items():
+            sub = c.get(part)
+            if not isinstance(sub, dict):
+                raise PtdError(f"{where} ({c['id']}): '{part}' must be a mapping")
+            for k in keys:
+                if k not in sub:
+                    raise PtdError(f"{where} ({c['id']}): '{part}.{k}' is missing")
+        if not any(isinstance(c["measured"].get(k), (int, float))
+                   for k in ("mfu", "hfu", "tflops_per_gpu")):
+            raise PtdError(f"{where} ({c['id']}): 'measured' needs mfu, hfu or tflops_per_gpu")
+        stack = c.get("stack")
+        if stack is not None and stack not in STACKS:
+            raise PtdError(f"{where} ({c['id']}): unknown stack {stack!r}; "
+                           f"known: {', '.join(STACKS)}")
+    return cases
+
+
+def _int(v: Any, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 1:
+        raise PtdError(f"{what} must be a positive whole number, got {v!r}")
+    return int(v)
+
+
+def case_model(c: dict[str, Any]) -> ModelSpec:
+    """The model, its block kind and key/value heads by the parameter-count rule."""
+    m = c["model"]
+    layers, h, heads = (_int(m[k], f"model.{k}") for k in ("layers", "hidden", "heads"))
+    ffn, vocab, seq = (_int(m[k], f"model.{k}") for k in ("ffn_hidden", "vocab", "seq_len"))
+    kinds = [m["mlp"]] if m.get("mlp") else ["gelu", "swiglu"]
+    kvs = [_int(m["kv_heads"], "model.kv_heads")] if m.get("kv_heads") else \
+        [k for k in range(1, heads + 1) if heads % k == 0]
+    target = m.get("params_b")
+    best: tuple[float, ModelSpec] | None = None
+    for kind in kinds:
+        for kv in kvs:
+            spec = ModelSpec(
+                name=str(c["id"]), n_layers=layers, hidden=h, n_heads=heads, n_kv_heads=kv,
+                ffn_hidden=ffn, vocab_size=vocab, max_seq_len=seq, mlp=kind,
+                norm="layernorm" if kind == "gelu" else "rmsnorm",
+                position="learned" if kind == "gelu" else "rope",
+                tied_embeddings=False, bias=kind == "gelu")
+            if not isinstance(target, (int, float)):
+                return spec  # no count to match: the first candidate (GPT, multi-head)
+            gap = abs(spec.param_count() - target * 1e9)
+            if best is None or gap < best[0]:
+                best = (gap, spec)
+    assert best is not None
+    return best[1]
+
+
+def case_cluster(c: dict[str, Any]) -> ClusterSpec:
+    hw = c["hardware"]
+    text = str(hw["gpu"])
+    if "H100" in text:
+        preset = "h100-sxm"
+    elif "A100" in text:
+        preset = "a100-40g" if re.search(r"40\s*GB", text) else "a100-80g"
+    else:
+        raise PtdError(f"no hardware preset for {text!r} (known: A100, H100)")
+    n = _int(hw["gpus_total"], "hardware.gpus_total")
+    per = _int(hw.get("gpus_per_node") or 8, "hardware.gpus_per_node")
+    device = get_hardware_preset(preset)
+    nic = network_per_gpu(text, per)
+    if nic is not None:
+        device = dataclasses.replace(device, inter_node=dataclasses.replace(device.inter_node,
+                                                                            bandwidth=nic))
+    return ClusterSpec(device, n, min(per, n))
+
+
+def network_per_gpu(text: str, gpus_per_node: int) -> float | None:
+    """Inter-node bytes/s per GPU stated in a hardware description, or None."""
+    m = re.search(r"(?:(\d+)\s*[x\u00d7]\s*)?(\d+(?:\.\d+)?)\s*G(?:b/s|bps|b\b|\b)", text)
+    if not m:
+        return None
+    count, rate = int(m.group(1) or 1), float(m.group(2)) * 1e9 / 8
+    if re.search(r"per\s+(gpu|device)", text[m.start():], re.I):
+        return count * rate
+    return count * rate / gpus_per_node
+
+
+def _zero(v: Any) -> int:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    text = str(v or "").strip().lower()
+    if re.match(r"\d", text):
+        return int(text[0])
+    return 1 if "distributed optimizer" in text else 0
+
+
+def _recompute(v: Any) -> str | None:
+    text = str(v or "").strip().lower()
+    for kind in ("full", "selective", "none"):
+        if text.startswith(kind):
+            return kind
+    return None
+
+
+def case_plan(c: dict[str, Any], model: ModelSpec) -> tuple[ParallelPlan, list[str]]:
+    """The published plan and the knobs left for the cost model to choose."""
+    p = c["plan"]
+    if p.get("cp") not in (None, 1):
+        raise PtdError(f"context parallelism (cp {p['cp']}) is not priced by this cost model")
+    free = ["schedule"]
+    kw: dict[str, Any] = dict(
+        tp=_int(p["tp"], "plan.tp"), pp=_int(p["pp"], "plan.pp"), dp=_int(p["dp"], "plan.dp"),
+        global_batch=_int(p["global_batch"], "plan.global_batch"), seq_len=model.max_seq_len,
+        zero=_zero(p.get("zero")),
+        dtype="fp16" if re.search(r"\bfp16\b|float16", str(c.get("notes", ""))) else "bf16")
+    for key, value in (("micro_batch", p.get("micro_batch")), ("vpp", p.get("vpp"))):
+        if value is None:
+            free.append(key)
+        else:
+            kw[key] = _int(value, f"plan.{key}")
+    rc = _recompute(p.get("recompute"))
+    if rc is None:
+        free.append("recompute")
+    else:
+        kw["recompute"] = rc
+    sp = p.get("sequence_parallel")
+    if isinstance(sp, bool):
+        kw["sp"] = sp and kw["tp"] > 1
+    else:
+        free.append("sp")
+    kw["uneven_stages"] = model.n_layers % kw["pp"] != 0
+    if kw.get("vpp", 1) > 1:
+        kw["schedule"] = "interleaved-1f1b"
+        free.remove("schedule")
+    n = c["hardware"]["gpus_total"]
+    if kw["tp"] * kw["pp"] * kw["dp"] != n:
+        raise PtdError(f"tp x pp x dp = {kw['tp'] * kw['pp'] * kw['dp']} is not the "
+                       f"{n} GPUs of the case")
+    return ParallelPlan(**kw), [k for k in FREE_KNOBS if k in free]
+
+
+def case_stack(c: dict[str, Any]) -> str:
+    """The stack a case ran on: its ``stack`` field, or the rule on its ``source`` text."""
+    if c.get("stack"):
+        return str(c["stack"])
+    src = str(c.get("source", ""))
+    years = [int(y) for y in re.findall(r"\b(20\d\d)\b", src)]
+    text = src if re.search(r"megatron|torchtitan|deepspeed", src, re.I) else str(c.get("notes", ""))
+    if re.search(r"deepspeed", text, re.I):  # Megatron-DeepSpeed runs on DeepSpeed's engine
+        return "deepspeed"
+    if re.search(r"megatron", text, re.I):
+        return "megatron-2021" if years and min(years) <= 2022 else "megatron-core"
+    if re.search(r"torchtitan", text, re.I):
+        return "torchtitan"
+    return "ptd"
+
+
+def price(c: dict[str, Any], stack: str | None = None) -> CaseResult:
+    """One case priced, or its error row."""
+    r = CaseResult(id=str(c.get("id")), source=source_key(c))
+    try:
+        r.stack = stack or case_stack(c)
+        model = case_model(c)
+        cluster = case_cluster(c)
+        plan, free = case_plan(c, model)
+        est = choose(model, cluster, plan, free, options=stack_options(r.stack, cluster.hardware))
+    except PtdError as e:
+        r.error = str(e)
+        return r
+    r.plan, r.chosen = est.plan.describe(), dict(est.chosen)
+    if not est.memory.fits:
+        r.error = (f"does not fit: {est.memory.total / 2**30:.1f} GiB per device needed "
+                   f"with the least-memory choice")
+        return r
+    r.metric, r.published, r.predicted = _compare(c["measured"], est)
+    return r
+
+
+def _compare(measured: dict[str, Any], est: Estimate) -> tuple[str, float, float]:
+    for key in ("mfu", "hfu", "tflops_per_gpu"):
+        v = measured.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            if key == "mfu":
+                return key, float(v), est.mfu
+            if key == "hfu":
+                return key, float(v), est.hfu
+            return key, float(v), est.hfu * est.peak / 1e12
+    raise PtdError("no published figure")  # load_cases checked this
+
+
+def source_key(c: dict[str, Any]) -> str:
+    """A short name for the case's source: its text up to the first comma or colon."""
+    src = str(c.get("source", "unknown")).strip().strip("'\"")
+    return re.split(r"[,:(]", src, maxsplit=1)[0].strip()[:40] or "unknown"
+
+
+def summarize(rows: list[CaseResult]) -> dict[str, dict[str, Any]]:
+    """Median, p90 and max |error| overall and per source (priced rows only)."""
+    groups: dict[str, list[float]] = {"overall": []}
+    for r in rows:
+        e = r.rel_error
+        if e is not None:
+            groups["overall"].append(abs(e))
+            groups.setdefault(r.source, []).append(abs(e))
+    out = {}
+    for name, errs in groups.items():
+        errs.sort()
+        out[name] = {"cases": len(errs), "median": _quantile(errs, 0.5),
+                     "p90": _quantile(errs, 0.9), "max": errs[-1] if errs else None}
+    out["overall"]["errors"] = sum(1 for r in rows if r.error)
+    return out
+
+
+def _quantile(xs: list[float], q: float) -> float | None:
+    """Linear interpolation between order statistics (numpy's default)."""
+    if not xs:
+        return None
+    pos = (len(xs) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, TypeVar
 
+from . import moe as moe_cost
 from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
 
@@ -319,8 +320,10 @@ def block_numel(model: ModelSpec, tp: int) -> int:
 
 
 def local_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> int:
-    """Parameters on one rank after tensor-parallel splitting (before any ZeRO sharding)."""
-    return _local_numels(model, _layout_key(plan), plan.tp)[pp_rank]
+    """Parameters on one rank after tensor-parallel and expert-parallel splitting (before any
+    ZeRO sharding)."""
+    n = _local_numels(model, _layout_key(plan), plan.tp)[pp_rank]
+    return n - moe_cost.ep_missing_numel(model, plan.ep) * rank_layers(model, plan, pp_rank)
 
 
 def ends_of(key: tuple[int, int, bool, int]) -> tuple[int, int]:
@@ -350,6 +353,8 @@ def _local_numels(model: ModelSpec, key: tuple[int, int, bool, int], tp: int) ->
 
 def max_local_numel(model: ModelSpec, plan: ParallelPlan) -> int:
     """:func:`local_numel` of the pipeline rank with the most parameters."""
+    if plan.ep > 1:
+        return max(local_numel(model, plan, r) for r in range(plan.pp))
     return max(_local_numels(model, _layout_key(plan), plan.tp))
 
 

@@ -44,15 +44,26 @@ def _local(w: torch.Tensor) -> torch.Tensor:
     return w.to_local() if isinstance(w, DTensor) else w
 
 
+def _grouped_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
+    # torch 2.13's kernel takes fp32/bf16 only and needs row strides that are multiples of
+    # 16 bytes (measured: "strides should be multiple of 16 bytes" for 5 fp32 columns)
+    return (hasattr(torch, "_grouped_mm") and x.dtype in (torch.float32, torch.bfloat16)
+            and x.dtype == w.dtype and (x.shape[1] * x.element_size()) % 16 == 0
+            and (w.shape[-1] * w.element_size()) % 16 == 0)
+
+
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """``x`` rows sorted by group (``counts[g]`` rows for group ``g``) times ``w[g]``
-    (``(G, in, out)``): one grouped product."""
-    if hasattr(torch, "_grouped_mm") and x.dtype in (torch.float32, torch.bfloat16) \
-            and x.dtype == w.dtype:
+    (``(G, in, out)``): one grouped product (``torch._grouped_mm``), else a loop over the
+    sorted groups."""
+    if _grouped_ok(x, w):
         offs = torch.cumsum(counts, 0).to(torch.int32)
-        return torch.ops.aten._grouped_mm(x, w, offs=offs)
+        y = torch.ops.aten._grouped_mm(x, w, offs=offs)
+        if y.requires_grad:  # its backward rejects expanded (stride-0) gradients
+            y.register_hook(lambda g: g.contiguous())
+        return y
     parts = x.split(counts.tolist())
-    return torch.cat([p @ w[g] for g, p in enumerate(parts)]) if parts else x.new_zeros(0, w.shape[-1])
+    return torch.cat([p @ w[g] for g, p in enumerate(parts)])
 
 
 class GroupedExperts(nn.Module):
@@ -112,6 +123,27 @@ class _AuxGrad(torch.autograd.Function):
         return grad, torch.full((), ctx.scale, device=grad.device), None
 
 
+_PAUSED = [False]
+
+
+def exclude_metadata_inference(schedule: object) -> None:
+    """No statistics during a pipeline schedule's metadata inference: in its first step (and
+    after an evaluation) ``torch.distributed.pipelining`` runs each stage's forward once on
+    stand-in inputs (uninitialised on later stages) to learn shapes (torch 2.13,
+    ``_initialize_pp_stages``); those forwards route no real tokens."""
+    inner = getattr(schedule, "_initialize_pp_stages", None)
+    if inner is None:
+        return
+
+    def paused(*args, **kwargs):  # type: ignore[no-untyped-def]
+        _PAUSED[0] = True
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            _PAUSED[0] = False
+    schedule._initialize_pp_stages = paused  # type: ignore[attr-defined]
+
+
 class MoEStats:
     """Per-step accumulators of one layer (plain tensors, not state)."""
 
@@ -151,12 +183,18 @@ class MoE(nn.Module):
         share = counts.float() / chosen.numel()
         aux = self.n_experts * (share * logits.softmax(dim=-1).mean(0)).sum()
         z = torch.logsumexp(logits, dim=-1).pow(2).mean()
-        if self.training and self.record and torch._C._current_graph_task_id() == -1:
+        if self._recording():
             self._stats(flat.device).aux += aux.detach().double()
             self.stats.z += z.detach().double()  # type: ignore[union-attr]
             self.stats.counts += counts.double()  # type: ignore[union-attr]
             self.stats.calls += 1  # type: ignore[union-attr]
         return weights, chosen, self.aux_coef * aux + self.z_coef * z
+
+    def _recording(self) -> bool:
+        """Training forwards only: not evaluation, not the pipeline's no-grad shape inference
+        of its first step, not a checkpointed block's recomputation inside the backward."""
+        return (self.training and self.record and not _PAUSED[0] and torch.is_grad_enabled()
+                and torch._C._current_graph_task_id() == -1)
 
     def _stats(self, device: torch.device) -> MoEStats:
         if self.stats is None:
@@ -189,7 +227,7 @@ class MoE(nn.Module):
         start = torch.cumsum(counts, 0) - counts
         pos = torch.arange(order.numel(), device=order.device) - start[expert[order]]
         keep = pos < cap
-        if self.training and self.record and torch._C._current_graph_task_id() == -1:
+        if self._recording():
             self._stats(order.device).dropped += float(order.numel() - int(keep.sum()))
         return order[keep], counts.clamp(max=cap)
 

@@ -216,5 +216,8 @@ def make_runner(model: nn.Module, stage_modules: Sequence[nn.Module], stage_ids:
 
     def build(loss_fn: Callable) -> tuple[Any, Sequence[Any]]:
         return build_schedule(chunks, ids, plan, dims.group("pp"), dims.device, loss_fn)
-    return PipelineRunner(build, ForwardOnly(chunks, ids, plan, dims.group("pp")), precision,
-                          loss_context, sync)
+    runner = PipelineRunner(build, ForwardOnly(chunks, ids, plan, dims.group("pp")), precision,
+                            loss_context, sync)
+    from .moe import exclude_metadata_inference
+    exclude_metadata_inference(runner.schedule)  # MoE routing statistics: real tokens only
+    return runner

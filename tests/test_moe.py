@@ -1,0 +1,179 @@
+"""The mixture-of-experts layer (single process): routing, grouped experts, auxiliary
+losses, capacity, shared experts, checked against a per-token reference written from the
+papers' formulas (not from the layer's sort/gather code); and the ep plan checks."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ptd.errors import PtdError
+from ptd.runtime.init import materialize
+from ptd.runtime.model import build_model
+from ptd.runtime.moe import MoE, grouped_mm, step_metrics
+from ptd.specs import ParallelPlan, get_preset
+
+SPEC = get_preset("tiny-moe")
+
+
+def _layer(seed=0, **changes):
+    spec = SPEC.replace(**changes)
+    torch.manual_seed(seed)
+    m = MoE(spec)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0.0, 0.3)
+    return m
+
+
+def _expert(m, e, x):
+    w = m.experts
+    return (F.silu(x @ w.w1[e]) * (x @ w.w3[e])) @ w.w2[e]
+
+
+def _reference(m, x, capacity=None):
+    """Token by token, Mixtral eq. 1-2: softmax over the top-k logits, weighted sum of the
+    chosen experts; with ``capacity``, GShard's rule: an expert takes assignments in token
+    order (then slot order) until full. Returns (output, dropped count, aux, z)."""
+    logits = x @ m.router.weight.T
+    T, E = logits.shape
+    out, used, dropped = [], [0] * E, 0
+    for t in range(T):
+        top = sorted(range(E), key=lambda e: -float(logits[t, e].detach()))[:m.top_k]
+        w = torch.softmax(torch.stack([logits[t, e] for e in top]), 0)
+        acc = torch.zeros_like(x[t])
+        for j, e in enumerate(top):
+            if capacity is not None and used[e] >= capacity:
+                dropped += 1
+                continue
+            used[e] += 1
+            acc = acc + w[j] * _expert(m, e, x[t])
+        out.append(acc)
+    # Switch eq. 4-6 with top-k assignments: f_e = share of the T*k assignments
+    chosen = logits.topk(m.top_k, -1).indices
+    f = torch.tensor([float((chosen == e).sum()) / (T * m.top_k) for e in range(E)])
+    P = torch.softmax(logits, -1).mean(0)
+    aux = E * (f * P).sum()
+    z = (torch.logsumexp(logits, -1) ** 2).mean()  # ST-MoE eq. 5
+    return torch.stack(out), dropped, aux, z
+
+
+def test_forward_and_gradients_equal_the_per_token_reference():
+    m = _layer(aux_loss_coef=0.0, z_loss_coef=0.0)
+    x = torch.randn(40, SPEC.hidden, requires_grad=True)
+    y = m(x[None])[0]
+    ref, dropped, _, _ = _reference(m, x)
+    assert dropped == 0
+    # fp32, summed in another order: within 1e-5 of the output's scale
+    scale = float(ref.abs().max())
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5 * scale)
+    g = torch.randn_like(y)
+    got = torch.autograd.grad(y, [x, *m.parameters()], g)
+    want = torch.autograd.grad(ref, [x, *m.parameters()], g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
+
+
+def test_aux_and_z_losses_values_and_their_gradient():
+    m = _layer(aux_loss_coef=0.3, z_loss_coef=0.05)
+    T = 24
+    m.aux_scale = 1.0 / 96  # as if this rank's replica saw 96 tokens in the step
+    x = torch.randn(T, SPEC.hidden)
+    y = m(x[None])[0]
+    ref, _, aux, z = _reference(m, x)
+    assert m.stats.calls == 1
+    assert float(m.stats.aux) == pytest.approx(float(aux), rel=1e-5)
+    assert float(m.stats.z) == pytest.approx(float(z), rel=1e-5)
+    assert float(aux) > 1.0  # not balanced at random init: the loss has something to push
+    # the injected gradient equals that of loss + coef * aux * T / replica_tokens
+    g = torch.randn_like(y)
+    (got,) = torch.autograd.grad(y, [m.router.weight], g)
+    extra = (0.3 * aux + 0.05 * z) * T / 96
+    (want,) = torch.autograd.grad((ref * g).sum() + extra, [m.router.weight])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+    # no auxiliary gradient in eval mode, and no statistics
+    m.eval()
+    m.stats = None
+    m(x[None])
+    assert m.stats is None
+
+
+def test_capacity_drops_in_token_order_and_counts():
+    m = _layer(capacity_factor=0.5, aux_loss_coef=0.0, z_loss_coef=0.0)
+    T = 32
+    x = torch.randn(T, SPEC.hidden)
+    y = m(x[None])[0]
+    cap = math.ceil(0.5 * T * 2 / 8)  # GShard: ceil(c * T * k / E) = 4
+    ref, dropped, _, _ = _reference(m, x, capacity=cap)
+    assert dropped > 0
+    assert int(m.stats.dropped) == dropped
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()))
+
+
+def test_shared_experts_add_a_dense_mlp():
+    m = _layer(n_shared_experts=1, aux_loss_coef=0.0, z_loss_coef=0.0)
+    assert sum(p.numel() for p in m.parameters()) == SPEC.replace(n_shared_experts=1).param_counts()["mlp"]
+    x = torch.randn(16, SPEC.hidden)
+    routed, _, _, _ = _reference(m, x)
+    s = m.shared[0]
+    shared = s.w2(F.silu(s.w1(x)) * s.w3(x))
+    want = routed + shared
+    torch.testing.assert_close(m(x[None])[0], want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+
+
+def test_grouped_mm_equals_a_loop_including_empty_groups():
+    x = torch.randn(30, 8, requires_grad=True)
+    w = torch.randn(4, 8, 12, requires_grad=True)
+    counts = torch.tensor([7, 0, 20, 3])
+    want = torch.cat([x[:7] @ w[0], x[7:27] @ w[2], x[27:] @ w[3]])
+    got = grouped_mm(x, w, counts)
+    torch.testing.assert_close(got, want)
+    got.sum().backward()  # an expanded gradient: the kernel's backward needs it contiguous
+    assert w.grad[1].abs().max() == 0 and w.grad[0].abs().max() > 0
+    torch.testing.assert_close(grouped_mm(x.double(), w.double(), counts), want.double(),  # loop path
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grouped_mm(x[:, :5], w[:, :5, :5], counts), torch.cat(  # 20-byte rows: loop
+        [x[:7, :5] @ w[0, :5, :5], x[7:27, :5] @ w[2, :5, :5], x[27:, :5] @ w[3, :5, :5]]))
+
+
+def test_step_metrics_single_process():
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    model = materialize(build_model(SPEC), "cpu", 0)
+    x = torch.randint(0, 256, (2, 16))
+    model(x).sum().backward()
+    rec = step_metrics(model, SPEC.n_layers, torch.device("cpu"))
+    counts = rec["moe_tokens_per_expert"]
+    assert sum(counts) == 2 * 16 * SPEC.top_k * SPEC.n_layers
+    per_layer_mean = 2 * 16 * SPEC.top_k / SPEC.n_experts
+    assert rec["moe_imbalance"] >= max(counts) / SPEC.n_layers / per_layer_mean  # worst layer >= average
+    assert rec["moe_dropped"] == 0 and rec["moe_aux_loss"] >= 1.0 - 1e-6
+    assert step_metrics(model, SPEC.n_layers, torch.device("cpu"))["moe_tokens_per_expert"] == [0] * 8  # reset
+
+
+@pytest.mark.parametrize("plan,model,match", [
+    (dict(dp=4, ep=3), "tiny-moe", "ep 3 does not divide dp 4"),
+    (dict(dp=6, ep=3, global_batch=12), "tiny-moe", "8 experts are not divisible by ep 3"),
+    (dict(dp=2, ep=2), "tiny", "needs a mixture-of-experts model"),
+])
+def test_ep_plan_checks(plan, model, match):
+    with pytest.raises(PtdError, match=match):
+        ParallelPlan(**plan).validate(get_preset(model))
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--nproc", "4", "--ep", "3"], "ep 3 does not divide dp 4"),
+    (["--nproc", "2", "--ep", "2", "--model", "tiny"], "needs a mixture-of-experts model"),
+    (["--nproc", "2", "--capacity-factor", "0"], "capacity-factor"),
+    (["--nproc", "2", "--capacity-factor", "-1"], "capacity-factor"),
+])
+def test_bad_moe_input_is_one_line_exit_2(ptd_cli, no_workers, tmp_path, flags, match):
+    argv = ["train", "--model", "tiny-moe", "--out", str(tmp_path / "o"), *flags]
+    if argv.count("--model") == 2:
+        argv[1:3] = []
+    rc, out, err = ptd_cli(*argv)
+    assert rc == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and match in lines[0] and lines[0].startswith("ptd") and "error:" in lines[0], err

@@ -93,11 +93,14 @@ class GroupedExperts(nn.Module):
     def compute(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """This rank's experts on ``x`` sorted by local expert (``counts`` rows each)."""
         w1, w2 = _local(self.w1).to(x.dtype), _local(self.w2).to(x.dtype)
-        a = self._bias(grouped_mm(x, w1, counts), self.w1_bias, counts)
         if self.w3 is not None:
-            g = self._bias(grouped_mm(x, _local(self.w3).to(x.dtype), counts), self.w3_bias, counts)
-            a = F.silu(a) * g
+            # w1 and w3 as one (in, 2F) product: one pass over x, and in the backward one
+            # input-gradient product instead of two and their sum (measured faster on CPU)
+            both = grouped_mm(x, torch.cat([w1, _local(self.w3).to(x.dtype)], dim=2), counts)
+            a, g = both.chunk(2, dim=-1)
+            a = F.silu(self._bias(a, self.w1_bias, counts)) * self._bias(g, self.w3_bias, counts)
         else:
+            a = self._bias(grouped_mm(x, w1, counts), self.w1_bias, counts)
             a = F.gelu(a, approximate="tanh")
         return self._bias(grouped_mm(a, w2, counts), self.w2_bias, counts)
 
@@ -210,8 +213,8 @@ class MoE(nn.Module):
         if self.capacity_factor > 0:
             order, counts = self._drop(expert, order, counts)
         token = order // self.top_k
-        y = self.experts(flat[token], counts)
-        y = y * weights.flatten()[order, None].to(y.dtype)
+        y = self.experts(flat.index_select(0, token), counts)
+        y = y * weights.flatten().index_select(0, order)[:, None].to(y.dtype)
         out = torch.zeros_like(flat).index_add(0, token, y)
         if self.shared is not None:
             for mlp in self.shared:

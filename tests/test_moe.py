@@ -66,7 +66,7 @@ def test_forward_and_gradients_equal_the_per_token_reference():
     ref, dropped, _, _ = _reference(m, x)
     assert dropped == 0
     # fp32, summed in another order: within 1e-5 of the output's scale
-    scale = float(ref.abs().max())
+    scale = float(ref.detach().abs().max())
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5 * scale)
     g = torch.randn_like(y)
     got = torch.autograd.grad(y, [x, *m.parameters()], g)
@@ -177,3 +177,18 @@ def test_bad_moe_input_is_one_line_exit_2(ptd_cli, no_workers, tmp_path, flags, 
     assert rc == 2, (out, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and match in lines[0] and lines[0].startswith("ptd") and "error:" in lines[0], err
+
+
+def test_routing_summary_line_and_report_table():
+    from ptd.runtime.routing import routing_line, routing_summary, routing_table_html
+    recs = [{"step": 1, "moe_tokens_per_expert": [6, 2], "moe_imbalance": 1.5, "moe_dropped": 2,
+             "moe_dropped_frac": 0.25, "moe_aux_loss": 1.2, "moe_z_loss": 3.0},
+            {"step": 2, "moe_tokens_per_expert": [4, 4], "moe_imbalance": 1.0, "moe_dropped": 0,
+             "moe_dropped_frac": 0.0, "moe_aux_loss": 1.1, "moe_z_loss": 2.0}]
+    m = routing_summary(recs)
+    assert m["tokens_per_expert"] == [10, 6] and m["dropped"] == 2 and m["dropped_frac"] == 2 / 16
+    assert m["imbalance_mean"] == 1.25 and m["imbalance_max"] == 1.5
+    assert (m["aux_loss_first"], m["aux_loss_last"], m["z_loss_last"]) == (1.2, 1.1, 2.0)
+    assert "1.25 mean, 1.50 worst" in routing_line(m) and "(12.50%)" in routing_line(m)
+    assert routing_table_html(recs).count("<tr>") == 3
+    assert routing_summary([{"step": 1}]) is None and routing_table_html([{"step": 1}]) == ""

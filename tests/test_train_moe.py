@@ -56,3 +56,8 @@ def test_expert_parallel_parity_with_single_process(reference, home, tmp_path, f
         assert a["moe_dropped"] == b["moe_dropped"] == 0
     # ep runs with zero 0: the runtime's model states are the cost model's, byte for byte
     assert summary["measured"]["memory"]["model_states_equal_per_rank"] is True
+    # the run's routing summary and the report's routing table
+    assert summary["moe"]["tokens_per_expert"] == [sum(c) for c in zip(*(r["moe_tokens_per_expert"]
+                                                                         for r in records(run)))]
+    from ptd.report import write_report
+    assert "Mixture-of-experts routing" in write_report(run, run / "report.html").read_text()

@@ -13,7 +13,7 @@ Forward of a layer (after the local router sorted this rank's assignments by exp
 
 1. ``all_to_all_single`` of the per-expert counts (no gradient) so each rank learns how many
    rows it receives from each peer for each of its experts;
-2. ``all_to_all_single`` (autograd-aware, ``torch.distributed.nn.functional``) of the token
+2. ``all_to_all_single_autograd`` (``torch.distributed._functional_collectives``) of the token
    rows with variable splits: rows for rank ``j``'s experts go to rank ``j``;
 3. received rows (ordered by source rank, then expert) are regrouped by local expert, the
    grouped product runs, and the rows go back the same way (step 2 reversed).
@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.nn.functional import all_to_all_single
+import torch.distributed._functional_collectives as fc
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from ..moe import GroupedExperts
@@ -80,13 +80,11 @@ def expert_parallel_forward(experts: GroupedExperts, x: torch.Tensor, counts: to
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)
     in_splits, out_splits = send.sum(1).tolist(), recv.sum(1).tolist()
-    out = x.new_empty(sum(out_splits), x.shape[1])
-    xr = all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+    xr = fc.wait_tensor(fc.all_to_all_single_autograd(x.contiguous(), out_splits, in_splits, group))
     idx = _regroup_index(recv).to(x.device)
     y = experts.compute(xr[idx], recv.sum(0))
     back = torch.zeros_like(y).index_copy(0, idx, y)  # (expert, source) -> (source, expert)
-    ret = y.new_empty(x.shape[0], y.shape[1])
-    return all_to_all_single(ret, back, in_splits, out_splits, group=group)
+    return fc.wait_tensor(fc.all_to_all_single_autograd(back, in_splits, out_splits, group))
 
 
 class EPGradSync:

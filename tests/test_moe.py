@@ -192,3 +192,46 @@ def test_routing_summary_line_and_report_table():
     assert "1.25 mean, 1.50 worst" in routing_line(m) and "(12.50%)" in routing_line(m)
     assert routing_table_html(recs).count("<tr>") == 3
     assert routing_summary([{"step": 1}]) is None and routing_table_html([{"step": 1}]) == ""
+
+
+# ------------------------------------------------------------------ cost model and planner
+def test_expert_params_per_rank_under_ep_by_hand():
+    from ptd.cost.memory import model_state_bytes
+    from ptd.cost.params import local_numel
+    m = get_preset("mixtral-8x7b")
+    one_expert = 3 * 4096 * 14336  # SwiGLU w1, w3, w2 of Mixtral 8x7B
+    dense = local_numel(m, ParallelPlan(dp=8, global_batch=8), 0)
+    assert dense == m.param_count()
+    for ep in (2, 8):
+        held = local_numel(m, ParallelPlan(dp=8, ep=ep, global_batch=8), 0)
+        assert dense - held == 32 * (8 - 8 // ep) * one_expert
+    # fp32 params, grads and AdamW states (4+4+8 bytes) of what a rank holds, ZeRO 0
+    p, g, o = model_state_bytes(m, ParallelPlan(dp=8, ep=8, global_batch=8))
+    held = m.param_count() - 32 * 7 * one_expert
+    assert (p, g, o) == (4 * held, 4 * held, 8 * held)
+
+
+def test_all_to_all_time_counts_and_bytes():
+    from ptd.cost.moe import ep_comm_time, ep_group_ranks
+    m = get_preset("tiny-moe")
+    plan = ParallelPlan(dp=4, ep=2, tp=2, micro_batch=2, global_batch=16, seq_len=64)
+    calls = []
+    t = ep_comm_time(m, plan, moe_layers=4, coll=lambda k, b, n: calls.append((k, b, n)) or 1.0)
+    # dispatch + combine, forward + backward, per layer and micro-batch (2 per replica)
+    assert t == 4 * 4 * 2 and calls[0] == ("all_to_all", 2 * 64 * 2 * 64 * 4, 2)  # T*k*h fp32
+    assert ep_group_ranks(plan) == [0, 2]  # consecutive dp ranks, tp apart
+    assert ep_comm_time(m, plan.replace(ep=1), 4, lambda *a: 1.0) == 0.0
+
+
+def test_planner_searches_ep():
+    from ptd.planner.search import search
+    from ptd.specs import ClusterSpec, load_hardware
+    cluster = ClusterSpec(load_hardware("h100-sxm"), 64, 8)
+    m = get_preset("mixtral-8x7b")
+    res = search(m, cluster, 512, 4096, dtype="bf16", fixed={"tp": 1, "pp": 4})
+    plans = [e.plan for e in res.ranked]
+    assert {p.ep for p in plans} >= {4, 8}  # ep 2 leaves 23 G expert parameters a rank: no fit
+    assert all(p.zero == 0 and p.dp % p.ep == 0 for p in plans if p.ep > 1)
+    assert res.plans_rejected["expert parallelism runs with ZeRO 0 only"] > 0
+    fixed = search(m, cluster, 512, 4096, dtype="bf16", fixed={"tp": 1, "pp": 4, "ep": 8})
+    assert fixed.ranked and {e.plan.ep for e in fixed.ranked} == {8}

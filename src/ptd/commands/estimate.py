@@ -49,6 +49,8 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dp", type=positive_int, help="data parallel (default gpus/(tp*pp))")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor parallel (1)")
     p.add_argument("--pp", type=positive_int, default=1, help="pipeline parallel (1)")
+    p.add_argument("--ep", type=positive_int, default=1,
+                   help="expert parallel (MoE; carved out of dp, docs/moe.md) (1)")
     p.add_argument("--vpp", type=positive_int, help="virtual stages per pipeline rank (chosen)")
     p.add_argument("--zero", type=nonneg_int, choices=[0, 1, 2, 3], help="ZeRO stage (chosen)")
     p.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
@@ -94,7 +96,7 @@ def run(a: argparse.Namespace) -> int:
     seq = a.seq_len or default_seq_len(model)
     gb = a.global_batch or default_global_batch(seq, dp)
     free = []
-    fixed = dict(dp=dp, tp=tp, pp=pp, global_batch=gb, seq_len=seq, dtype=a.dtype, offload=a.offload,
+    fixed = dict(dp=dp, tp=tp, pp=pp, ep=a.ep, global_batch=gb, seq_len=seq, dtype=a.dtype, offload=a.offload,
                  uneven_stages=a.uneven_stages)
     for knob, val, default in [("micro_batch", a.micro_batch, 1), ("zero", a.zero, 0),
                                ("recompute", a.recompute, "none"), ("vpp", a.vpp, 1),
@@ -107,7 +109,7 @@ def run(a: argparse.Namespace) -> int:
     if fixed["vpp"] > 1 and a.schedule is None:
         fixed["schedule"] = "interleaved-1f1b"
     base = ParallelPlan(**fixed)
-    base.validate(None, cluster.n_devices)
+    base.validate(model if a.ep > 1 else None, cluster.n_devices)
     if free:
         e = choose(model, cluster, base, free, a.tokens, opts)
     else:
@@ -137,7 +139,8 @@ def render(e) -> str:
     lines += ["", "memory per device", table(rows, header=("part", "bytes", "share"), align="lrr")]
     st = e.step
     rows = [(k, duration(getattr(st, k)), pct(getattr(st, k) / st.total))
-            for k in ("compute", "tp_comm", "pp_comm", "dp_comm_exposed", "bubble", "optimizer")]
+            for k in ("compute", "tp_comm", "pp_comm", "dp_comm_exposed", "bubble", "optimizer")
+            + (("ep_comm",) if p.ep > 1 else ())]
     rows.append(("total", duration(st.total), ""))
     lines += ["", "step time", table(rows, header=("part", "time", "share"), align="lrr")]
     n = c.n_devices

@@ -71,3 +71,15 @@ def imbalance_compute_time(model: ModelSpec, plan: ParallelPlan, moe_layers: int
         return 0.0
     tokens = plan.micro_batch * plan.seq_len * plan.n_microbatches
     return (imbalance - 1.0) * 3.0 * expert_flops_per_token(model) * tokens * moe_layers / rate
+
+
+def ep_group_ranks(plan: ParallelPlan) -> list[int]:
+    """Global ranks of the ep group of rank 0: ``ep`` consecutive data-parallel ranks, which
+    sit ``tp`` apart (:mod:`ptd.specs.layout`'s row-major ``(pp, dp, tp)`` order)."""
+    return [i * plan.tp for i in range(plan.ep)]
+
+
+def ep_node_split(plan: ParallelPlan, devices_per_node: int) -> tuple[int, int]:
+    """``(nodes, members per node)`` of an ep group (``specs.layout.node_split``)."""
+    from ..specs.layout import node_split
+    return node_split(ep_group_ranks(plan), devices_per_node)

@@ -16,8 +16,7 @@ pytestmark = pytest.mark.dist
 COMMON = [*DIST_COMMON[:1], "tiny-moe", *DIST_COMMON[2:], "--micro-batch", "1", "--profile-steps", "0"]
 RUN_TIMEOUT = 150
 
-LAYOUTS = [
-    ("ep2-dp2", ["--nproc", "2", "--ep", "2"]),
+LAYOUTS = [  # (ep 2 on dp 2: test_checkpoints_reshard_across_ep)
     ("ep2-dp4", ["--nproc", "4", "--ep", "2"]),
     ("ep2-dp2-pp2", ["--nproc", "4", "--pp", "2", "--ep", "2"]),
     ("ep2-dp2-tp2", ["--nproc", "4", "--tp", "2", "--ep", "2"]),
@@ -43,6 +42,10 @@ def records(out):
 @pytest.mark.parametrize("flags", [pytest.param(f, id=i) for i, f in LAYOUTS])
 def test_expert_parallel_parity_with_single_process(reference, home, tmp_path, flags):
     run = trained(tmp_path / "run", *flags, home=home, common=COMMON, timeout=RUN_TIMEOUT)
+    check_parity(run, reference)
+
+
+def check_parity(run, reference):
     assert_same_run(run, reference)  # losses 1e-5 relative, grad norms, parameters, init
     summary = json.loads((run / "summary.json").read_text())
     assert summary["plan"]["ep"] == 2 and summary["runtime_params"] == summary["param_count"]
@@ -61,3 +64,26 @@ def test_expert_parallel_parity_with_single_process(reference, home, tmp_path, f
                                                                          for r in records(run)))]
     from ptd.report import write_report
     assert "Mixture-of-experts routing" in write_report(run, run / "report.html").read_text()
+
+
+@pytest.mark.timeout(3 * RUN_TIMEOUT)
+def test_checkpoints_reshard_across_ep(reference, home, tmp_path):
+    """ep 2 on dp 2 (parity, checkpoint at step 5) -> resumed at ep 1 on one process from step
+    5 (checkpoints at 6, 9, 10) -> resumed at ep 2 from step 6: every resumed step's loss is
+    the uninterrupted single process's. DCP reshards the Shard(0) expert DTensors."""
+    run = trained(tmp_path / "ep2", "--nproc", "2", "--ep", "2", "--checkpoint-every", "5",
+                  home=home, common=COMMON, timeout=RUN_TIMEOUT)
+    check_parity(run, reference)
+    ref = {r["step"]: r["loss"] for r in records(reference)}
+
+    def resumed(out, ckpt, *flags):
+        out = trained(out, "--resume", str(ckpt), *flags, home=home, common=[], timeout=RUN_TIMEOUT)
+        steps = [r for r in records(out) if r["step"] > int(ckpt.name.split("_")[-1])]
+        assert steps and steps[-1]["step"] == 10
+        for r in steps:
+            assert abs(r["loss"] - ref[r["step"]]) <= 1e-5 * ref[r["step"]], (r["step"], r["loss"])
+        return out
+
+    one = resumed(tmp_path / "ep1", run / "checkpoints" / "step_00000005", "--nproc", "1", "--ep", "1",
+                  "--checkpoint-every", "3", "--checkpoint-keep", "3")
+    resumed(tmp_path / "ep2b", one / "checkpoints" / "step_00000006", "--nproc", "2", "--ep", "2")

@@ -87,3 +87,17 @@ def test_checkpoints_reshard_across_ep(reference, home, tmp_path):
     one = resumed(tmp_path / "ep1", run / "checkpoints" / "step_00000005", "--nproc", "1", "--ep", "1",
                   "--checkpoint-every", "3", "--checkpoint-keep", "3")
     resumed(tmp_path / "ep2b", one / "checkpoints" / "step_00000006", "--nproc", "2", "--ep", "2")
+
+    # ptd export --format hf of the ep-sharded checkpoint: transformers' MixtralForCausalLM
+    # gives ptd's logits
+    import torch
+    from ptd.cli import main as cli
+    from test_checkpoint import _checkpoint_model, _hf_logits, _ptd_logits
+    out = tmp_path / "hf"
+    assert cli(["export", str(run), "--format", "hf", "--out", str(out)]) == 0
+    spec, state = _checkpoint_model(run / "checkpoints" / "step_00000010")
+    tokens = torch.randint(0, 256, (2, 48), generator=torch.Generator().manual_seed(3))
+    name, theirs = _hf_logits(out, tokens)
+    assert name == "MixtralForCausalLM"
+    ours = _ptd_logits(spec, state, tokens)
+    assert (ours - theirs).abs().max().item() <= 1e-4 * ours.abs().max().item()

@@ -235,3 +235,14 @@ def test_planner_searches_ep():
     assert res.plans_rejected["expert parallelism runs with ZeRO 0 only"] > 0
     fixed = search(m, cluster, 512, 4096, dtype="bf16", fixed={"tp": 1, "pp": 4, "ep": 8})
     assert fixed.ranked and {e.plan.ep for e in fixed.ranked} == {8}
+
+
+def test_regroup_index_by_hand():
+    from ptd.runtime.parallel.ep import _regroup_index
+    # rows from 2 sources for 2 local experts: source 0 sends (2 for e0, 1 for e1), source 1
+    # sends (0 for e0, 3 for e1); arrival order s0e0 s0e0 s0e1 s1e1 s1e1 s1e1 = rows 0..5
+    idx = _regroup_index(torch.tensor([[2, 1], [0, 3]]))
+    assert idx.tolist() == [0, 1, 2, 3, 4, 5]
+    # (1 for e0, 2 for e1) from s0 and (2 for e0, 0 for e1) from s1: rows 0 | 1 2 | 3 4
+    # by expert: e0 <- s0 row 0, s1 rows 3 4; e1 <- s0 rows 1 2
+    assert _regroup_index(torch.tensor([[1, 2], [2, 0]])).tolist() == [0, 3, 4, 1, 2]

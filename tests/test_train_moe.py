@@ -17,7 +17,7 @@ COMMON = [*DIST_COMMON[:1], "tiny-moe", *DIST_COMMON[2:], "--micro-batch", "1", 
 RUN_TIMEOUT = 150
 
 LAYOUTS = [  # (ep 2 on dp 2: test_checkpoints_reshard_across_ep)
-    ("ep2-dp4", ["--nproc", "4", "--ep", "2"]),
+    ("ep2-dp4-recompute", ["--nproc", "4", "--ep", "2", "--recompute", "full"]),  # recomputed dispatch
     ("ep2-dp2-pp2", ["--nproc", "4", "--pp", "2", "--ep", "2"]),
     ("ep2-dp2-tp2", ["--nproc", "4", "--tp", "2", "--ep", "2"]),
 ]

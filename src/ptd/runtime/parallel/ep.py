@@ -68,7 +68,8 @@ def _regroup_index(recv: torch.Tensor) -> torch.Tensor:
     lens = recv.t().flatten()
     total = int(flat.sum())
     out_start = torch.cumsum(lens, 0) - lens
-    return torch.repeat_interleave(start - out_start, lens, output_size=total) + torch.arange(total)
+    return (torch.repeat_interleave(start - out_start, lens, output_size=total)
+            + torch.arange(total, device=recv.device))
 
 
 def expert_parallel_forward(experts: GroupedExperts, x: torch.Tensor, counts: torch.Tensor,

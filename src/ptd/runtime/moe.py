@@ -247,7 +247,8 @@ def prepare(model: nn.Module, replica_tokens: int, record: bool = True) -> None:
         m.record = record
 
 
-def step_metrics(model: nn.Module, n_layers: int, device: torch.device) -> dict[str, object]:
+def step_metrics(model: nn.Module, n_layers: int, device: torch.device, n_experts: int | None = None
+                 ) -> dict[str, object]:
     """This step's routing statistics over every rank, then reset; a collective (every rank
     calls it, also ranks without MoE layers); ``{}`` for a dense model.
 
@@ -260,7 +261,8 @@ def step_metrics(model: nn.Module, n_layers: int, device: torch.device) -> dict[
 
     import torch.distributed as dist
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, MoE)]
-    e = max((m.n_experts for _, m in layers), default=0)
+    # from the spec when given: every rank must agree on whether this is a collective
+    e = n_experts if n_experts is not None else max((m.n_experts for _, m in layers), default=0)
     if not e:
         return {}
     buf = torch.zeros(n_layers, e + 4, dtype=torch.float64, device=device)

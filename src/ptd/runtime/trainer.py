@@ -100,7 +100,8 @@ class Trainer:
         micro = self.next_batch()
         local = self.runner.forward_backward(micro)
         loss = self.global_loss(local)
-        routing = moe_metrics(self.model, self.cfg.model.n_layers, self.dims.device)
+        routing = moe_metrics(self.model, self.cfg.model.n_layers, self.dims.device,
+                              self.cfg.model.n_experts)
         grad_norm = self.clip_gradients() if math.isfinite(loss) else float("nan")
         # fp16: the loss scaler skips overflowing steps itself (and lowers the scale).
         bad_grads = not math.isfinite(grad_norm) and self.precision.scaler is None

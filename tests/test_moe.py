@@ -246,3 +246,32 @@ def test_regroup_index_by_hand():
     # (1 for e0, 2 for e1) from s0 and (2 for e0, 0 for e1) from s1: rows 0 | 1 2 | 3 4
     # by expert: e0 <- s0 row 0, s1 rows 3 4; e1 <- s0 rows 1 2
     assert _regroup_index(torch.tensor([[1, 2], [2, 0]])).tolist() == [0, 3, 4, 1, 2]
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["estimate", "--model", "tiny", "--hardware", "h100-sxm", "--gpus", "4", "--ep", "2"],
+     "needs a mixture-of-experts model"),
+    (["estimate", "--model", "tiny-moe", "--hardware", "h100-sxm", "--gpus", "4", "--ep", "3"],
+     "ep 3 does not divide dp 4"),
+    (["train", "--model", "tiny-moe", "--nproc", "2", "--ep", "2", "--grad-compression", "fp16"],
+     "need DDP"),
+])
+def test_bad_ep_input_elsewhere_is_one_line_exit_2(ptd_cli, no_workers, tmp_path, argv, match):
+    rc, out, err = ptd_cli(*argv, *(["--out", str(tmp_path / "o")] if argv[0] == "train" else []))
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and match in lines[0], err
+
+
+def test_estimate_prices_ep(ptd_cli):
+    import json
+    base = ["estimate", "--model", "mixtral-8x7b", "--hardware", "h100-sxm", "--gpus", "64", "--tp", "4",
+            "--zero", "0", "--micro-batch", "1", "--recompute", "full", "--json"]
+    runs = {}
+    for ep in (1, 2, 8):
+        rc, out, _ = ptd_cli(*base, "--ep", str(ep))
+        assert rc == 0
+        runs[ep] = json.loads(out)
+    step = {ep: r["step_time_s"] for ep, r in runs.items()}
+    assert step[1]["ep_comm"] == 0 and 0 < step[2]["ep_comm"] < step[8]["ep_comm"]  # ep 8 spans 4 nodes
+    mem = {ep: r["memory_per_device_bytes"]["params"] for ep, r in runs.items()}
+    assert mem[1] > mem[2] > mem[8]

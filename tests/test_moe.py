@@ -275,3 +275,15 @@ def test_estimate_prices_ep(ptd_cli):
     assert step[1]["ep_comm"] == 0 and 0 < step[2]["ep_comm"] < step[8]["ep_comm"]  # ep 8 spans 4 nodes
     mem = {ep: r["memory_per_device_bytes"]["params"] for ep, r in runs.items()}
     assert mem[1] > mem[2] > mem[8]
+
+
+def test_imbalance_term_by_hand():
+    from ptd.cost.moe import imbalance_compute_time
+    m = get_preset("mixtral-8x7b")
+    plan = ParallelPlan(dp=16, ep=8, micro_batch=1, global_batch=64, seq_len=4096)
+    # 4 micro-batches of 4096 tokens; top-2 of SwiGLU experts 4096 x 14336: 2*2*3*h*F FLOPs
+    # per token forward, x3 with the backward; half of it again at imbalance 1.5
+    want = 0.5 * 3 * (2 * 2 * 3 * 4096 * 14336) * 4 * 4096 * 32 / 1e15
+    assert imbalance_compute_time(m, plan, 32, 1e15, 1.5) == pytest.approx(want, rel=1e-12)
+    assert imbalance_compute_time(m, plan.replace(ep=1), 32, 1e15, 1.5) == 0.0
+    assert imbalance_compute_time(m, plan, 32, 1e15, 1.0) == 0.0

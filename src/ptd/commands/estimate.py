@@ -41,6 +41,8 @@ def add_plan_flags(p: argparse.ArgumentParser, *, world_flag: str = "--gpus") ->
                    help="model-state bytes: ptd runtime (4+4+8) or ZeRO paper (2+2+12)")
     p.add_argument("--no-dp-overlap", action="store_true",
                    help="gradient reduction runs after backward instead of overlapping it")
+    p.add_argument("--moe-imbalance", type=float, default=1.0, metavar="X",
+                   help="MoE: busiest expert-parallel rank's load over the mean, >= 1 (1)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -72,8 +74,10 @@ def resolve(a: argparse.Namespace):
     model = load_model(a.model)
     hw = load_hardware(a.hardware)
     cluster = ClusterSpec(hw, a.gpus, a.gpus_per_node or 0)
+    if not a.moe_imbalance >= 1.0:
+        raise PtdError(f"--moe-imbalance must be at least 1 (max/mean load), got {a.moe_imbalance}")
     opts = CostOptions(convention=a.convention, attention=a.attention,
-                       dp_overlap=not a.no_dp_overlap)
+                       dp_overlap=not a.no_dp_overlap, moe_imbalance=a.moe_imbalance)
     return model, cluster, opts
 
 

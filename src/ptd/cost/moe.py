@@ -67,7 +67,7 @@ def imbalance_compute_time(model: ModelSpec, plan: ParallelPlan, moe_layers: int
                            imbalance: float = 1.0) -> float:
     """Extra seconds per step the busiest rank spends on expert work when its load is
     ``imbalance`` times the mean (forward + backward = 3x the forward FLOPs)."""
-    if imbalance <= 1.0 or not model.is_moe:
+    if imbalance <= 1.0 or not model.is_moe or plan.ep <= 1:  # (ep 1: every rank runs all experts)
         return 0.0
     tokens = plan.micro_batch * plan.seq_len * plan.n_microbatches
     return (imbalance - 1.0) * 3.0 * expert_flops_per_token(model) * tokens * moe_layers / rate

@@ -133,6 +133,9 @@ def test_grouped_mm_equals_a_loop_including_empty_groups():
     assert w.grad[1].abs().max() == 0 and w.grad[0].abs().max() > 0
     torch.testing.assert_close(grouped_mm(x.double(), w.double(), counts), want.double(),  # loop path
                                rtol=1e-5, atol=1e-5)
+    empty = grouped_mm(x[:0], w, torch.zeros(4, dtype=torch.long))  # an ep rank sent no rows
+    assert empty.shape == (0, 12)
+    empty.sum().backward()
     torch.testing.assert_close(grouped_mm(x[:, :5], w[:, :5, :5], counts), torch.cat(  # 20-byte rows: loop
         [x[:7, :5] @ w[0, :5, :5], x[7:27, :5] @ w[2, :5, :5], x[27:, :5] @ w[3, :5, :5]]))
 

@@ -47,7 +47,10 @@ def _local(w: torch.Tensor) -> torch.Tensor:
 def _grouped_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
     # torch 2.13's kernel takes fp32/bf16 only and needs row strides that are multiples of
     # 16 bytes (measured: "strides should be multiple of 16 bytes" for 5 fp32 columns)
-    return (hasattr(torch, "_grouped_mm") and x.dtype in (torch.float32, torch.bfloat16)
+    # (no rows -- every token went to another ep rank -- : its backward rejects the empty
+    # gradient, "Invalid strides/sizes", measured; the loop handles it)
+    return (hasattr(torch, "_grouped_mm") and x.shape[0] > 0
+            and x.dtype in (torch.float32, torch.bfloat16)
             and x.dtype == w.dtype and (x.shape[1] * x.element_size()) % 16 == 0
             and (w.shape[-1] * w.element_size()) % 16 == 0)
 

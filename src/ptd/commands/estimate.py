@@ -47,6 +47,8 @@ def add_plan_flags(p: argparse.ArgumentParser, *, world_flag: str = "--gpus") ->
                    help="model-state bytes: ptd runtime (4+4+8) or ZeRO paper (2+2+12)")
     p.add_argument("--no-dp-overlap", action="store_true",
                    help="gradient reduction runs after backward instead of overlapping it")
+    p.add_argument("--moe-imbalance", type=float, default=1.0, metavar="X",
+                   help="MoE: busiest expert-parallel rank's load over the mean, >= 1 (1)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -55,6 +57,8 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dp", type=positive_int, help="data parallel (default gpus/(tp*pp))")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor parallel (1)")
     p.add_argument("--pp", type=positive_int, default=1, help="pipeline parallel (1)")
+    p.add_argument("--ep", type=positive_int, default=1,
+                   help="expert parallel (MoE; carved out of dp, docs/moe.md) (1)")
     p.add_argument("--vpp", type=positive_int, help="virtual stages per pipeline rank (chosen)")
     p.add_argument("--zero", type=nonneg_int, choices=[0, 1, 2, 3], help="ZeRO stage (chosen)")
     p.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
@@ -70,16 +74,18 @@ def add(p: argparse.ArgumentParser) -> None:
 
 def resolve(a: argparse.Namespace):
     """(model, cluster, options, tokens) from the shared flags."""
-    from ..cost.estimate import CostOptions
+    import dataclasses
+
+    from ..cost.stacks import stack_options
     from ..specs import ClusterSpec, load_hardware, load_model
 
     model = load_model(a.model)
     hw = load_hardware(a.hardware)
     cluster = ClusterSpec(hw, a.gpus, a.gpus_per_node or 0)
-    import dataclasses
-
-    from ..cost.stacks import stack_options
-    opts = dataclasses.replace(stack_options(a.stack), convention=a.convention)
+    if not a.moe_imbalance >= 1.0:
+        raise PtdError(f"--moe-imbalance must be at least 1 (max/mean load), got {a.moe_imbalance}")
+    opts = dataclasses.replace(stack_options(a.stack), convention=a.convention,
+                               moe_imbalance=a.moe_imbalance)
     if a.attention:
         opts = dataclasses.replace(opts, attention=a.attention)
     if a.no_dp_overlap:
@@ -106,7 +112,7 @@ def run(a: argparse.Namespace) -> int:
     seq = a.seq_len or default_seq_len(model)
     gb = a.global_batch or default_global_batch(seq, dp)
     free = []
-    fixed = dict(dp=dp, tp=tp, pp=pp, global_batch=gb, seq_len=seq, dtype=a.dtype, offload=a.offload,
+    fixed = dict(dp=dp, tp=tp, pp=pp, ep=a.ep, global_batch=gb, seq_len=seq, dtype=a.dtype, offload=a.offload,
                  uneven_stages=a.uneven_stages)
     for knob, val, default in [("micro_batch", a.micro_batch, 1), ("zero", a.zero, 0),
                                ("recompute", a.recompute, "none"), ("vpp", a.vpp, 1),
@@ -119,7 +125,7 @@ def run(a: argparse.Namespace) -> int:
     if fixed["vpp"] > 1 and a.schedule is None:
         fixed["schedule"] = "interleaved-1f1b"
     base = ParallelPlan(**fixed)
-    base.validate(None, cluster.n_devices)
+    base.validate(model if a.ep > 1 else None, cluster.n_devices)
     if free:
         e = choose(model, cluster, base, free, a.tokens, opts)
     else:
@@ -149,7 +155,8 @@ def render(e) -> str:
     lines += ["", "memory per device", table(rows, header=("part", "bytes", "share"), align="lrr")]
     st = e.step
     rows = [(k, duration(getattr(st, k)), pct(getattr(st, k) / st.total))
-            for k in ("compute", "tp_comm", "pp_comm", "dp_comm_exposed", "bubble", "optimizer")]
+            for k in ("compute", "tp_comm", "pp_comm", "dp_comm_exposed", "bubble", "optimizer")
+            + (("ep_comm",) if p.ep > 1 else ())]
     rows.append(("total", duration(st.total), ""))
     lines += ["", "step time", table(rows, header=("part", "time", "share"), align="lrr")]
     n = c.n_devices

@@ -41,6 +41,10 @@ def add(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp", type=positive_int, help="data-parallel replicas")
     g.add_argument("--tp", type=positive_int, help="tensor-parallel degree (consecutive ranks)")
     g.add_argument("--pp", type=positive_int, help="pipeline-parallel stages (ranks)")
+    g.add_argument("--ep", type=positive_int,
+                   help="expert-parallel degree, carved out of dp (MoE models; docs/moe.md)")
+    g.add_argument("--capacity-factor", type=positive_float,
+                   help="MoE expert capacity factor (default: dropless)")
     g.add_argument("--vpp", type=positive_int, help="virtual pipeline stages per rank")
     g.add_argument("--sp", action="store_true", default=None,
                    help="sequence parallel (norms sharded along the sequence; needs tp > 1)")
@@ -103,7 +107,7 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="validate and write OUT/config.toml, start nothing (--nproc = total world)")
 
 
-_PLAN_FLAGS = ("dp", "tp", "pp", "vpp", "sp", "schedule", "uneven_stages", "zero", "micro_batch",
+_PLAN_FLAGS = ("dp", "tp", "pp", "ep", "vpp", "sp", "schedule", "uneven_stages", "zero", "micro_batch",
                "global_batch", "seq_len", "recompute", "dtype", "offload", "grad_compression")
 _TOP_FLAGS = {"steps": "steps", "seed": "seed", "out": "out", "compile": "compile",
               "threads": "threads", "timeout": "timeout_s", "max_restarts": "max_restarts",
@@ -143,6 +147,8 @@ def resolve(a: argparse.Namespace):  # -> tuple[TrainConfig, int]
         cfg = cfg.replace(model=load_model(a.model))
     elif a.init_from and not a.config and not a.resume and (Path(a.init_from) / "config.json").is_file():
         cfg = cfg.replace(model=load_model(a.init_from))  # the check of init_from explains the rest
+    if a.capacity_factor is not None:
+        cfg = cfg.replace(model=cfg.model.replace(capacity_factor=a.capacity_factor))
     plan = cfg.plan.replace(**{k: getattr(a, k) for k in _PLAN_FLAGS if getattr(a, k) is not None})
     if a.nproc is not None and a.dp is None:
         per_replica = plan.tp * plan.pp

@@ -48,6 +48,9 @@ class CostOptions:
     first, 2 per block (Megatron-LM)."""
     schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")
     """Pipeline schedules the stack offers, for knobs left to the cost model to choose."""
+    moe_imbalance: float = 1.0
+    """Mixture-of-experts: the busiest expert-parallel rank's load over the mean (>= 1;
+    ``ptd train`` measures ``moe_imbalance`` per step); see :mod:`ptd.cost.moe`."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     mem = memory(model, plan, cluster.hardware.usable_memory, options.convention,
                  options.attention, options.gqa_expanded, fused_norm(options, cluster.hardware))
     st = step_time(model, plan, cluster, options.attention, options.dp_overlap,
-                   options.recompute_early_stop, options.tp_grad_per_linear)
+                   options.recompute_early_stop, options.tp_grad_per_linear,
+                   options.moe_imbalance)
     d = float(tokens) if tokens else 20.0 * model.param_count()
     return Estimate(model, cluster, plan, fl, mem, st, d)
 

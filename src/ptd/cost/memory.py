@@ -128,8 +128,8 @@ def model_state_elements(model: ModelSpec, plan: ParallelPlan, pp_rank: int,
 def _max_state_elements(model: ModelSpec, key: tuple) -> ModelStates:
     """Element counts of the rank with the most model-state bytes. ``key``: the layout
     (:func:`ptd.cost.params.layout_plan`), tp, dp and ZeRO stage -- all they depend on."""
-    layout, tp, dp, zero = key
-    plan = P.layout_plan(layout, tp=tp, dp=dp, zero=zero)
+    layout, tp, dp, zero, ep = key
+    plan = P.layout_plan(layout, tp=tp, dp=dp, zero=zero, ep=ep)
     best, best_key = ModelStates(0, 0, 0), -1.0
     seen = set()
     for r in range(plan.pp):
@@ -158,7 +158,7 @@ def model_state_bytes(model: ModelSpec, plan: ParallelPlan, convention: Conventi
     pb, gb, ob = state_bytes_per_param(plan.dtype, convention)
     worst = pp_rank is None or dp_rank is None
     if worst:
-        e = _max_state_elements(model, (P.layout_key(plan), plan.tp, plan.dp, plan.zero))
+        e = _max_state_elements(model, (P.layout_key(plan), plan.tp, plan.dp, plan.zero, plan.ep))
     else:
         e = model_state_elements(model, plan, pp_rank, dp_rank)  # type: ignore[arg-type]
     return e.params * pb, e.grads * gb, e.optimizer * ob

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, TypeVar
 
+from . import moe as moe_cost
 from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
 
@@ -103,25 +104,38 @@ def layer_params(model: ModelSpec) -> tuple[Param, ...]:
     out.append(Param("ffn_norm.weight", (h,), None, False))
     if ln:
         out.append(Param("ffn_norm.bias", (h,), None, False))
-    experts = [""] if not model.is_moe else [f"experts.{e}." for e in range(model.n_experts)]
     if model.is_moe:
-        out.append(Param("feed_forward.router.weight", (model.n_experts, h), None, True))
-    for e in experts:
-        if model.mlp == "swiglu":
-            out += [Param(f"feed_forward.{e}w1.weight", (f, h), 0, True),
-                    Param(f"feed_forward.{e}w3.weight", (f, h), 0, True),
-                    Param(f"feed_forward.{e}w2.weight", (h, f), 1, True)]
-            if model.bias:
-                out += [Param(f"feed_forward.{e}w1.bias", (f,), 0, False),
-                        Param(f"feed_forward.{e}w3.bias", (f,), 0, False),
-                        Param(f"feed_forward.{e}w2.bias", (h,), None, False)]
-        else:
-            out += [Param(f"feed_forward.{e}w1.weight", (f, h), 0, True),
-                    Param(f"feed_forward.{e}w2.weight", (h, f), 1, True)]
-            if model.bias:
-                out += [Param(f"feed_forward.{e}w1.bias", (f,), 0, False),
-                        Param(f"feed_forward.{e}w2.bias", (h,), None, False)]
+        out += _moe_params(model)
+    else:
+        out += _mlp_params(model, "feed_forward.")
     return tuple(out)
+
+
+def _mlp_params(model: ModelSpec, prefix: str) -> list[Param]:
+    h, f = model.hidden, model.ffn_hidden
+    names = ("w1", "w3", "w2") if model.mlp == "swiglu" else ("w1", "w2")
+    out = [Param(f"{prefix}{n}.weight", (h, f) if n == "w2" else (f, h), 1 if n == "w2" else 0, True)
+           for n in names]
+    if model.bias:
+        out += [Param(f"{prefix}{n}.bias", (h if n == "w2" else f,), None if n == "w2" else 0, False)
+                for n in names]
+    return out
+
+
+def _moe_params(model: ModelSpec) -> list[Param]:
+    """Router, stacked routed experts ``(E, in, out)`` (runtime.moe.GroupedExperts; not split
+    by tp: replicated over it, split over ep by dim 0), then the shared experts' MLPs."""
+    h, f, e = model.hidden, model.ffn_hidden, model.n_experts
+    names = ("w1", "w2", "w3") if model.mlp == "swiglu" else ("w1", "w2")
+    out = [Param("feed_forward.router.weight", (e, h), None, True)]
+    out += [Param(f"feed_forward.experts.{n}", (e, f, h) if n == "w2" else (e, h, f), None, True)
+            for n in names]
+    if model.bias:
+        out += [Param(f"feed_forward.experts.{n}_bias", (e, h if n == "w2" else f), None, False)
+                for n in names]
+    for i in range(model.n_shared_experts):
+        out += _mlp_params(model, f"feed_forward.shared.{i}.")
+    return out
 
 
 @memo_by_model
@@ -306,8 +320,10 @@ def block_numel(model: ModelSpec, tp: int) -> int:
 
 
 def local_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> int:
-    """Parameters on one rank after tensor-parallel splitting (before any ZeRO sharding)."""
-    return _local_numels(model, _layout_key(plan), plan.tp)[pp_rank]
+    """Parameters on one rank after tensor-parallel and expert-parallel splitting (before any
+    ZeRO sharding)."""
+    n = _local_numels(model, _layout_key(plan), plan.tp)[pp_rank]
+    return n - moe_cost.ep_missing_numel(model, plan.ep) * rank_layers(model, plan, pp_rank)
 
 
 def ends_of(key: tuple[int, int, bool, int]) -> tuple[int, int]:
@@ -337,6 +353,8 @@ def _local_numels(model: ModelSpec, key: tuple[int, int, bool, int], tp: int) ->
 
 def max_local_numel(model: ModelSpec, plan: ParallelPlan) -> int:
     """:func:`local_numel` of the pipeline rank with the most parameters."""
+    if plan.ep > 1:
+        return max(local_numel(model, plan, r) for r in range(plan.pp))
     return max(_local_numels(model, _layout_key(plan), plan.tp))
 
 

@@ -36,6 +36,7 @@ from ..specs.layout import axis_node_split
 from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
 from . import compute as C
+from . import moe as MOE
 from . import params as P
 from .memory import ZERO2_BUCKET_BYTES
 from .comm import collective_time
@@ -65,6 +66,9 @@ class StepBreakdown:
     recompute: float = 0.0
     dp_comm_total: float = 0.0
     """All data-parallel communication, hidden or not."""
+    ep_comm: float = 0.0
+    """Expert-parallel all-to-alls (dispatch, combine; forward, backward) and the busiest
+    rank's extra expert work under routing imbalance (:mod:`ptd.cost.moe`)."""
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -141,8 +145,8 @@ def shared_rate_ratio(cluster: ClusterSpec, dtype: str, busy: float) -> float:
 
 def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
               attention: str = "flash", dp_overlap: bool = True,
-              recompute_early_stop: bool = True, tp_grad_per_linear: bool = True
-              ) -> StepBreakdown:
+              recompute_early_stop: bool = True, tp_grad_per_linear: bool = True,
+              moe_imbalance: float = 1.0) -> StepBreakdown:
     """``tp_grad_per_linear``: tensor parallelism without sequence parallelism all-reduces
     each column-parallel layer's input gradient on its own (PyTorch DTensor, ptd's runtime:
     wq, wk, wv, w1 and w3 each); False sums them first and all-reduces twice per block
@@ -299,7 +303,22 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
 
     compute = m * (f + b + rc)
     tp_comm = m * (tf + tb) + tp_step
-    total = compute + tp_comm + pp_comm + bubble + dp_exposed + optimizer
+    ep_comm = _ep_time(model, plan, cluster, nl, rate, moe_imbalance)
+    total = compute + tp_comm + pp_comm + bubble + dp_exposed + optimizer + ep_comm
     return StepBreakdown(total=total, compute=compute, tp_comm=tp_comm, pp_comm=pp_comm,
                          dp_comm_exposed=dp_exposed, bubble=bubble, optimizer=optimizer,
-                         forward=m * f, backward=m * b, recompute=m * rc, dp_comm_total=dp_total)
+                         forward=m * f, backward=m * b, recompute=m * rc, dp_comm_total=dp_total,
+                         ep_comm=ep_comm)
+
+
+def _ep_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, layers: int, rate: float,
+             imbalance: float) -> float:
+    """:func:`ptd.cost.moe.ep_comm_time` over the ep group's placement, plus imbalance."""
+    if not model.is_moe:
+        return 0.0
+    nodes, per_node = MOE.ep_node_split(plan, cluster.devices_per_node)
+    hw = cluster.hardware
+    comm = MOE.ep_comm_time(model, plan, layers,
+                            lambda kind, nbytes, n: _coll(kind, nbytes, n, hw, nodes, per_node),
+                            imbalance)
+    return comm + MOE.imbalance_compute_time(model, plan, layers, rate, imbalance)

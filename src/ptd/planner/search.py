@@ -63,15 +63,16 @@ SP_SEQ = "sequence parallel needs seq_len divisible by tp"
 FEW_MICROBATCHES = "fewer micro-batches than pipeline stages"
 OFFLOAD_ZERO = "offload needs ZeRO 3"
 COMPRESSION_ZERO = "gradient compression needs ZeRO 0"
+EP_ZERO = "expert parallelism runs with ZeRO 0 only"
 NO_FIT = "does not fit in memory"
 
 # --fix: field names and their short forms
 FIX_ALIASES = {"mb": "micro_batch", "micro-batch": "micro_batch", "rc": "recompute",
                "uneven": "uneven_stages", "uneven-stages": "uneven_stages",
                "grad-compression": "grad_compression"}
-FIX_FIELDS = ("dp", "tp", "pp", "vpp", "zero", "sp", "micro_batch", "recompute", "schedule",
+FIX_FIELDS = ("dp", "tp", "pp", "ep", "vpp", "zero", "sp", "micro_batch", "recompute", "schedule",
               "offload", "uneven_stages", "grad_compression")
-_INT_FIELDS = ("dp", "tp", "pp", "vpp", "zero", "micro_batch")
+_INT_FIELDS = ("dp", "tp", "pp", "ep", "vpp", "zero", "micro_batch")
 _BOOL_FIELDS = ("sp", "offload", "uneven_stages")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -127,7 +128,7 @@ def schedule_label(plan: ParallelPlan) -> str:
 def dimension_values(plan: ParallelPlan) -> dict[str, Any]:
     return {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp, "zero": plan.zero, "sp": plan.sp,
             "schedule": schedule_label(plan), "micro_batch": plan.micro_batch,
-            "recompute": plan.recompute}
+            "recompute": plan.recompute, **({"ep": plan.ep} if plan.ep > 1 else {})}
 
 
 @dataclass
@@ -192,7 +193,7 @@ def objective_key(objective: str, e: Estimate) -> tuple:
     """Sort key: smaller is better. Ties go to the other quantity, then to a stable order."""
     p = e.plan
     tie = (p.dp, p.tp, p.pp, p.vpp, p.schedule, p.zero, p.sp, p.micro_batch,
-           RECOMPUTE.index(p.recompute))
+           RECOMPUTE.index(p.recompute), p.ep)
     if objective == "memory":
         return (e.memory.total, e.step.total, tie)
     return (e.step.total, e.memory.total, tie)
@@ -217,7 +218,7 @@ class _Pricer:
     def estimate(self, plan: ParallelPlan, mem) -> Estimate:
         o = self.options
         st = step_time(self.model, plan, self.cluster, o.attention, o.dp_overlap,
-                       o.recompute_early_stop, o.tp_grad_per_linear)
+                       o.recompute_early_stop, o.tp_grad_per_linear, o.moe_imbalance)
         return Estimate(self.model, self.cluster, plan, self.flops[plan.recompute], mem, st,
                         self.tokens)
 
@@ -285,9 +286,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: i
                 continue
             scheds = _schedules(L, pp, fixed, allow_uneven, max_uneven_vpp)
             scheds = [o for o in scheds if o[0] in options.schedules]  # the stack's
+            # MoE: expert parallelism over every ep dividing dp and the experts (carved out of dp)
+            eps = opts("ep", [d for d in _divisors(dp) if model.is_moe and model.n_experts % d == 0] or [1])
+            rces = [(rc, ep) for rc in rcs for ep in eps]
             mbs = opts("micro_batch", _divisors(global_batch // dp))
             sps = opts("sp", [False, True] if tp > 1 else [False])
-            inner = len(zeros) * len(sps) * len(rcs)
+            inner = len(zeros) * len(sps) * len(rces)
             res.plans_considered += len(scheds) * len(mbs) * inner
             for sched, vpp, stages in scheds:
                 sdims = dict(layout, schedule=_label(pp, sched, vpp, stages))
@@ -313,27 +317,32 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: i
                         continue
                     for sp in sps:
                         if sp and seq_len % tp:
-                            res.plans_rejected[SP_SEQ] += len(zeros) * len(rcs)
-                            note(SP_SEQ, len(zeros) * len(rcs), dict(mdims, sp=sp))
+                            res.plans_rejected[SP_SEQ] += len(zeros) * len(rces)
+                            note(SP_SEQ, len(zeros) * len(rces), dict(mdims, sp=sp))
                             continue
                         for zero in zeros:
                             if offload and zero < 3:
-                                res.plans_rejected[OFFLOAD_ZERO] += len(rcs)
-                                note(OFFLOAD_ZERO, len(rcs), dict(mdims, sp=sp, zero=zero))
+                                res.plans_rejected[OFFLOAD_ZERO] += len(rces)
+                                note(OFFLOAD_ZERO, len(rces), dict(mdims, sp=sp, zero=zero))
                                 continue
                             if compression != "none" and zero != 0:
-                                res.plans_rejected[COMPRESSION_ZERO] += len(rcs)
-                                note(COMPRESSION_ZERO, len(rcs), dict(mdims, sp=sp, zero=zero))
+                                res.plans_rejected[COMPRESSION_ZERO] += len(rces)
+                                note(COMPRESSION_ZERO, len(rces), dict(mdims, sp=sp, zero=zero))
                                 continue
-                            for rc in rcs:
+                            for rc, ep in rces:
+                                if ep > 1 and zero:
+                                    res.plans_rejected[EP_ZERO] += 1
+                                    note(EP_ZERO, 1, dict(mdims, sp=sp, zero=zero, recompute=rc))
+                                    continue
                                 plan = ParallelPlan(
                                     dp=dp, tp=tp, pp=pp, vpp=vpp, zero=zero, sp=sp,
                                     micro_batch=mb, global_batch=global_batch, seq_len=seq_len,
                                     recompute=rc, schedule=sched, dtype=dtype, offload=offload,
-                                    grad_compression=compression, uneven_stages=uneven)
+                                    grad_compression=compression, uneven_stages=uneven, ep=ep)
                                 mem = pricer.memory(plan)
                                 need = mem.total
-                                dims = dict(mdims, sp=sp, zero=zero, recompute=rc)
+                                dims = dict(mdims, sp=sp, zero=zero, recompute=rc,
+                                            **({"ep": ep} if model.is_moe else {}))
                                 if res.least_memory is None or need < res.least_memory[0]:
                                     res.least_memory = (need, plan)
                                 for kv in dims.items():

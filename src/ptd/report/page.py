@@ -221,6 +221,9 @@ def render(run: Run) -> str:
     t = tables.per_rank_time(s)
     if t:
         parts += ["<h2>Time per rank (profiled step)</h2>", '<div class="wide">', t, "</div>"]
+    from ..runtime.routing import routing_table_html
+    if moe := routing_table_html(run.metrics):
+        parts += ["<h2>Mixture-of-experts routing</h2>", '<div class="wide">', moe, "</div>"]
     parts += ["<h2>Communication per kind</h2>", '<div class="wide">',
               tables.communication(s), "</div>",
               "<h2>Configuration (config.toml)</h2>", config_block(run),

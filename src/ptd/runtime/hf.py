@@ -13,7 +13,14 @@ A folder is ``config.json`` plus ``model.safetensors`` (or shards listed in
   biases and ``n_kv_heads == n_heads``. q/k/v are fused into ``attn.c_attn`` and every
   linear weight is transposed (GPT-2's ``Conv1D`` stores ``(in, out)``).
 
-Anything else (mixture of experts, a GELU model with RMSNorm or RoPE, SwiGLU with
+* **Mixtral** (``MixtralForCausalLM``, export only): Llama-shaped mixture-of-experts models
+  without biases or shared experts. Written in the per-expert layout of the published
+  Mixtral checkpoints (``block_sparse_moe.gate`` and ``block_sparse_moe.experts.{e}.w1/w3/w2``,
+  ``nn.Linear`` ``(out, in)``: ptd's stacked ``(E, in, out)`` weights transposed), which
+  ``transformers`` converts on load. Its router takes the top-k of the softmax over all
+  experts and renormalises them: the softmax over the chosen logits, as ptd's.
+
+Anything else (mixture of experts with biases or shared experts, a GELU model with RMSNorm or RoPE, SwiGLU with
 LayerNorm, GPT-2 without biases, RoPE scaling) is refused with the reason: there is no
 ``transformers`` class with exactly that function. Weights are written in fp32.
 """
@@ -34,7 +41,11 @@ from ..specs import ModelSpec
 def architecture(spec: ModelSpec) -> str:
     """``llama`` or ``gpt2``, or :class:`PtdError` saying why neither fits."""
     if spec.is_moe:
-        raise PtdError(f"{spec.name}: mixture-of-experts models cannot be exported to Hugging Face yet")
+        if spec.bias or spec.n_shared_experts or spec.mlp != "swiglu" or spec.norm != "rmsnorm" \
+                or spec.position != "rope":
+            raise PtdError(f"{spec.name}: only Mixtral-shaped mixture-of-experts models (SwiGLU, "
+                           f"RMSNorm, RoPE, no biases, no shared experts) map to a Hugging Face class")
+        return "mixtral"
     if spec.mlp == "swiglu" and spec.norm == "rmsnorm" and spec.position == "rope":
         return "llama"
     if spec.mlp == "gelu" and spec.norm == "layernorm" and spec.position == "learned":
@@ -52,6 +63,15 @@ def architecture(spec: ModelSpec) -> str:
 
 def hf_config(spec: ModelSpec) -> dict[str, Any]:
     arch = architecture(spec)
+    if arch == "mixtral":
+        llama = hf_config(spec.replace(n_experts=0, top_k=0))
+        for k in ("attention_bias", "mlp_bias"):
+            llama.pop(k)
+        return llama | {
+            "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+            "num_local_experts": spec.n_experts, "num_experts_per_tok": spec.top_k,
+            "router_aux_loss_coef": spec.aux_loss_coef, "output_router_logits": False,
+            "router_jitter_noise": 0.0, "sliding_window": None}
     if arch == "llama":
         return {
             "architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -94,7 +114,16 @@ def to_hf(state: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Te
     """ptd parameter names -> the Hugging Face layout of :func:`architecture`."""
     arch = architecture(spec)
     out: dict[str, torch.Tensor] = {}
-    if arch == "llama":
+    if arch == "mixtral":
+        out = to_hf({k: v for k, v in state.items() if ".feed_forward." not in k},
+                    spec.replace(n_experts=0, top_k=0))
+        for i in range(spec.n_layers):
+            p, h = f"layers.{i}.feed_forward.", f"model.layers.{i}.block_sparse_moe."
+            out[h + "gate.weight"] = state[p + "router.weight"]
+            for e in range(spec.n_experts):
+                for w in ("w1", "w2", "w3"):
+                    out[h + f"experts.{e}.{w}.weight"] = state[p + f"experts.{w}"][e].t()
+    elif arch == "llama":
         out["model.embed_tokens.weight"] = state["tok_embeddings.weight"]
         out["model.norm.weight"] = state["norm.weight"]
         if not spec.tied_embeddings:

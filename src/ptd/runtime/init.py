@@ -42,7 +42,8 @@ def param_seed(seed: int, fqn: str) -> int:
 def _is_residual_out(fqn: str) -> bool:
     # Projections that write into the residual stream: scaled by 1/sqrt(2L) (GPT-2) so the
     # residual's variance does not grow with depth.
-    return fqn.endswith("attention.wo.weight") or fqn.endswith(".w2.weight")
+    return (fqn.endswith("attention.wo.weight") or fqn.endswith(".w2.weight")
+            or fqn.endswith("experts.w2"))  # stacked expert weights (runtime.moe)
 
 
 def _full_value(fqn: str, param: torch.Tensor, kind: str, std: float, seed: int) -> torch.Tensor:
@@ -78,7 +79,7 @@ def init_plan(model: nn.Module) -> list[tuple[str, nn.Parameter, str]]:
             fqn = f"{mname}.{pname}" if mname else pname
             if isinstance(module, (RMSNorm, nn.LayerNorm)):
                 kind = "ones" if pname == "weight" else "zeros"
-            elif pname == "bias":
+            elif pname == "bias" or pname.endswith("_bias"):  # (stacked expert biases)
                 kind = "zeros"
             else:
                 kind = "normal_residual" if _is_residual_out(fqn) else "normal"

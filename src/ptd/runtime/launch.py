@@ -68,8 +68,11 @@ def check_runtime(cfg: TrainConfig, nproc: int, this_host: bool = True) -> None:
     if plan.grad_compression != "none" and (plan.tp > 1 or plan.pp > 1):
         raise PtdError("gradient compression hooks need DDP, which tp > 1 or pp > 1 do not use "
                        "(their gradients are averaged over dp by the runner); use none")
-    if cfg.model.is_moe:
-        raise PtdError(f"{cfg.model.name}: mixture-of-experts models build but cannot be trained yet")
+    if plan.ep > 1 and plan.grad_compression != "none":
+        raise PtdError("gradient compression hooks need DDP, which ep > 1 does not use; use none")
+    if plan.ep > 1 and plan.zero > 0:
+        raise PtdError(f"ep {plan.ep} runs with zero 0 only (expert and dense gradients are "
+                       f"averaged over different groups; docs/moe.md)")
     gpus = gpu_count()
     if plan.dtype == "fp16" and not gpus:
         raise PtdError("fp16 needs a CUDA GPU (loss scaling); use --dtype bf16 on CPU")

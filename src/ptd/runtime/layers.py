@@ -130,31 +130,8 @@ class MLP(nn.Module):
         return self.w2(F.gelu(self.w1(x), approximate="tanh"))
 
 
-class MoE(nn.Module):
-    """Token-choice top-k mixture of experts (Mixtral): a bias-free router picks ``top_k``
-    experts per token, whose outputs are mixed with the softmax of the chosen logits.
-
-    A plain loop over experts: correct and shape-exact (its parameter count is the spec's),
-    not fast. Expert parallelism would replace the loop with an all-to-all dispatch.
-    """
-
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        self.top_k = spec.top_k
-        self.router = nn.Linear(spec.hidden, spec.n_experts, bias=False)
-        self.experts = nn.ModuleList(MLP(spec) for _ in range(spec.n_experts))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        weights, chosen = self.router(flat).topk(self.top_k, dim=-1)
-        weights = weights.float().softmax(dim=-1).to(x.dtype)
-        out = torch.zeros_like(flat)
-        for e, expert in enumerate(self.experts):
-            rows, slot = (chosen == e).nonzero(as_tuple=True)
-            if rows.numel():
-                out.index_add_(0, rows, expert(flat[rows]) * weights[rows, slot, None])
-        return out.view_as(x)
-
-
 def make_ffn(spec: ModelSpec) -> nn.Module:
-    return MoE(spec) if spec.is_moe else MLP(spec)
+    if spec.is_moe:
+        from .moe import MoE  # router, grouped experts, auxiliary losses
+        return MoE(spec)
+    return MLP(spec)

@@ -57,6 +57,9 @@ def tp_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
     (Divisibility of heads, kv heads, ffn and vocabulary is ``ParallelPlan.validate``'s.)"""
     if plan.tp == 1:
         return None
+    if plan.sp and model.is_moe:
+        return (f"{model.name}: sequence parallel is not wired into the mixture-of-experts layer "
+                f"(its experts are replicated over tp); drop --sp")
     if plan.sp and model.position == "learned":
         return (f"{model.name}: sequence parallel needs RoPE positions; learned position "
                 f"embeddings are added to the whole sequence (use --sp only with RoPE models)")

@@ -36,6 +36,9 @@ class ParallelDims:
     local_rank: int
     device: torch.device
     mesh: DeviceMesh
+    ep_mesh: DeviceMesh | None = None
+    """With expert parallelism: the same ranks as ``(pp, edp, ep, tp)``, dp split as
+    ``dp = edp * ep`` with ep innermost (see :mod:`ptd.runtime.parallel.ep`)."""
 
     @property
     def coords(self) -> dict[Axis, int]:
@@ -100,7 +103,11 @@ def init_distributed(plan: ParallelPlan, timeout_s: float) -> ParallelDims:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                                     timeout=timeout)
     mesh = init_device_mesh(device.type, mesh_shape(plan), mesh_dim_names=AXES)
-    return ParallelDims(plan, rank, world, local_rank, device, mesh)
+    ep_mesh = None
+    if plan.ep > 1:
+        ranks = torch.arange(world).view(plan.pp, plan.dp // plan.ep, plan.ep, plan.tp)
+        ep_mesh = DeviceMesh(device.type, ranks, mesh_dim_names=("pp", "edp", "ep", "tp"))
+    return ParallelDims(plan, rank, world, local_rank, device, mesh, ep_mesh)
 
 
 def shutdown() -> None:

@@ -56,6 +56,9 @@ def summarize(records: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     vals = [r["val_loss"] for r in records if "val_loss" in r]
     if vals:
         out["val_loss"] = vals[-1]
+    from .routing import routing_summary
+    if (moe := routing_summary(records)) is not None:
+        out["moe"] = moe
     out.update(extra)
     return out
 
@@ -71,6 +74,9 @@ def final_words(s: dict[str, Any]) -> str:
         f"ptd: {s['tokens_per_s']:,.0f} tokens/s, {s['step_time_s_mean']:.3f} s/step "
         f"(mean after step 1); {s['tokens']:,} tokens",
     ]
+    if s.get("moe"):
+        from .routing import routing_line
+        lines.append(routing_line(s["moe"]))
     if s["status"] != "ok":
         lines.append(f"ptd: {s['status']}")
     return "\n".join(lines)

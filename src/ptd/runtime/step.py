@@ -205,7 +205,11 @@ def make_runner(model: nn.Module, stage_modules: Sequence[nn.Module], stage_ids:
     hooks: list[Callable[[], None]] = []
     if plan.tp > 1 and plan.zero < 3:  # (FSDP reduces tp-partial gradients itself)
         hooks.append(AlignTPGrads(list(model.parameters())))
-    dp_sync = dp_grad_sync(model, plan, dims.group("dp"), optimizer)
+    if plan.ep > 1:  # expert gradients over the replicas of the same experts, not all of dp
+        from .parallel.ep import EPGradSync
+        dp_sync = EPGradSync(model, dims.group("dp"), dims.ep_mesh.get_group("edp"), plan.dp)
+    else:
+        dp_sync = dp_grad_sync(model, plan, dims.group("dp"), optimizer)
     if dp_sync is not None:
         hooks.append(dp_sync)
     sync = _chain(hooks)
@@ -221,5 +225,8 @@ def make_runner(model: nn.Module, stage_modules: Sequence[nn.Module], stage_ids:
 
     def build(loss_fn: Callable) -> tuple[Any, Sequence[Any]]:
         return build_schedule(chunks, ids, plan, dims.group("pp"), dims.device, loss_fn)
-    return PipelineRunner(build, ForwardOnly(chunks, ids, plan, dims.group("pp")), precision,
-                          loss_context, sync)
+    runner = PipelineRunner(build, ForwardOnly(chunks, ids, plan, dims.group("pp")), precision,
+                            loss_context, sync)
+    from .moe import exclude_metadata_inference
+    exclude_metadata_inference(runner.schedule)  # MoE routing statistics: real tokens only
+    return runner

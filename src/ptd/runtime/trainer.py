@@ -35,6 +35,7 @@ from .data import DataLoader, MicroBatch
 from .fault import FaultInjector
 from .mesh import ParallelDims
 from .metrics import RunLog, summarize
+from .moe import step_metrics as moe_metrics
 from .optim import clip_grads_, global_grad_norm, lr_at, set_lr
 from .precision import Precision
 from .step import StepRunner
@@ -130,6 +131,8 @@ class Trainer:
         micro = self.next_batch()
         local = self.forward_backward(micro)
         loss = self.global_loss(local)
+        routing = moe_metrics(self.model, self.cfg.model.n_layers, self.dims.device,
+                              self.cfg.model.n_experts)
         grad_norm = self.clip_gradients() if math.isfinite(loss) else float("nan")
         # fp16: the loss scaler skips overflowing steps itself (and lowers the scale).
         bad_grads = not math.isfinite(grad_norm) and self.precision.scaler is None
@@ -146,7 +149,7 @@ class Trainer:
         self.step = step
         rec = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": self.tokens,
                "step_tokens": step_tokens, "step_time_s": dt, "tokens_per_s": step_tokens / dt,
-               "skipped": skipped}
+               "skipped": skipped, **routing}
         if self.cfg.eval_every and (step % self.cfg.eval_every == 0 or step == self.cfg.steps):
             rec["val_loss"] = self.evaluate()
         return rec

@@ -30,6 +30,7 @@ from .mesh import ParallelDims, init_distributed, shutdown
 from .measure.compare import comparison_table
 from .measure.probe import Probe
 from .metrics import RunLog
+from . import moe
 from .model import build_model
 from .optim import build_optimizer
 from .parallel import parallelize, unwrap
@@ -74,6 +75,8 @@ def build_trainer(cfg: TrainConfig, dims: ParallelDims) -> Trainer:
     torch.manual_seed(cfg.seed * 100_003 + dims.rank // plan.tp)
     model, stage_modules, stage_ids = split_model(build_model(cfg.model), plan, dims.coords["pp"])
     model = parallelize(model, plan, dims, seed=cfg.seed, compile=cfg.compile, roots=stage_modules)
+    # MoE: auxiliary-loss scale (the runners' loss is per replica token); stats once per tp group
+    moe.prepare(model, plan.global_batch // plan.dp * plan.seq_len, record=dims.coords["tp"] == 0)
     optimizer = build_optimizer(model, cfg.optim, zero=plan.zero, dp_group=dims.group("dp"))
     precision = Precision(plan.dtype, dims.device, fsdp=plan.zero >= 3, group=dims.group("dp"),
                           sharded_grads=plan.zero >= 2)

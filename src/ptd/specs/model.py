@@ -69,6 +69,17 @@ class ModelSpec:
     """Mixture-of-experts: experts per MLP; 0 is a dense model."""
     top_k: int = 0
     """Mixture-of-experts: experts each token is routed to."""
+    n_shared_experts: int = 0
+    """Mixture-of-experts: experts every token also passes through (DeepSeek-MoE), each an
+    MLP of ``ffn_hidden``; their outputs are added to the routed ones."""
+    capacity_factor: float = 0.0
+    """Mixture-of-experts: 0 is dropless; ``c > 0`` caps each expert at
+    ``ceil(c * tokens * top_k / n_experts)`` of a micro-batch's assignments on a rank
+    (GShard's per-group capacity); assignments past it are dropped and counted."""
+    aux_loss_coef: float = 0.01
+    """Mixture-of-experts: weight of the load-balancing loss (Switch Transformer, eq. 4)."""
+    z_loss_coef: float = 0.001
+    """Mixture-of-experts: weight of the router z-loss (ST-MoE, Zoph et al. 2022, eq. 5)."""
     dropout: float = 0.0
     """Dropout probability; changes activation memory (masks) and numerics."""
     init_std: float = 0.02
@@ -102,6 +113,11 @@ class ModelSpec:
             raise PtdError(f"model {self.name}: n_experts and top_k must both be 0 (dense) or both positive")
         if self.top_k > self.n_experts:
             raise PtdError(f"model {self.name}: top_k ({self.top_k}) exceeds n_experts ({self.n_experts})")
+        if self.n_shared_experts < 0 or (self.n_shared_experts and not self.n_experts):
+            raise PtdError(f"model {self.name}: n_shared_experts needs a mixture-of-experts model")
+        if self.capacity_factor < 0 or self.aux_loss_coef < 0 or self.z_loss_coef < 0:
+            raise PtdError(f"model {self.name}: capacity_factor, aux_loss_coef and z_loss_coef "
+                           f"must not be negative (capacity_factor 0 is dropless)")
         if not 0.0 <= self.dropout < 1.0:
             raise PtdError(f"model {self.name}: dropout must be in [0, 1), got {self.dropout}")
         if self.norm_eps <= 0 or self.rope_theta <= 0 or self.init_std <= 0:
@@ -139,7 +155,8 @@ class ModelSpec:
         if self.bias:
             attn += self.q_dim + 2 * self.kv_dim + h
         if self.is_moe:
-            mlp = self.n_experts * self.expert_params() + h * self.n_experts
+            mlp = ((self.n_experts + self.n_shared_experts) * self.expert_params()
+                   + h * self.n_experts)
         else:
             mlp = self.expert_params()
         counts = {
@@ -171,7 +188,8 @@ class ModelSpec:
         mult = 2 if self.mlp == "gelu" else 3
         one_mlp = mult * h * self.ffn_hidden
         if self.is_moe:
-            mlp = (self.top_k if active else self.n_experts) * one_mlp + h * self.n_experts
+            routed = self.top_k if active else self.n_experts
+            mlp = (routed + self.n_shared_experts) * one_mlp + h * self.n_experts
         else:
             mlp = one_mlp
         return attn + mlp
@@ -237,6 +255,10 @@ PRESETS: dict[str, ModelSpec] = {
         # 4 (and pp*vpp = 4) are all valid layouts.
         ModelSpec(name="tiny", n_layers=4, hidden=64, n_heads=8, n_kv_heads=4, ffn_hidden=128,
                   vocab_size=256, max_seq_len=256),
+        # Mixtral-shaped tiny model for CPU work on mixture-of-experts and expert
+        # parallelism: 8 SwiGLU experts, 2 per token; 8 experts split over ep 1, 2, 4 or 8.
+        ModelSpec(name="tiny-moe", n_layers=4, hidden=64, n_heads=8, n_kv_heads=4,
+                  ffn_hidden=64, vocab_size=256, max_seq_len=256, n_experts=8, top_k=2),
         ModelSpec(name="small", n_layers=4, hidden=256, n_heads=8, n_kv_heads=4,
                   ffn_hidden=704, vocab_size=256, max_seq_len=512),
         ModelSpec(name="tiny-gpt", n_layers=4, hidden=64, n_heads=4, n_kv_heads=4,

@@ -64,6 +64,9 @@ class ParallelPlan:
     """Allow a layer count not divisible by ``pp * vpp``: stages then get the cost-balanced
     split of :func:`ptd.cost.params.stage_split` (Llama 3 405B ran 126 layers on 16 stages,
     the first and last one layer short)."""
+    ep: int = 1
+    """Expert-parallel degree (MoE): the routed experts split over ``ep`` consecutive
+    data-parallel ranks; must divide ``dp`` and the expert count (docs/moe.md)."""
 
     # ----------------------------------------------------------- derived
     @property
@@ -100,6 +103,8 @@ class ParallelPlan:
     def describe(self) -> str:
         """Short human form, e.g. ``dp2 tp2 pp2 zero1 sp mb1 gb16 1f1b``."""
         parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
         parts.append(f"zero{self.zero}")
@@ -119,7 +124,7 @@ class ParallelPlan:
     # --------------------------------------------------------- validation
     def validate(self, model: ModelSpec | None = None, world_size: int | None = None) -> None:
         """Raise :class:`PtdError` with the first reason this plan cannot run."""
-        for f in ("dp", "tp", "pp", "vpp", "micro_batch", "global_batch", "seq_len"):
+        for f in ("dp", "tp", "pp", "ep", "vpp", "micro_batch", "global_batch", "seq_len"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise PtdError(f"{f} must be a positive integer, got {v!r}")
@@ -137,6 +142,9 @@ class ParallelPlan:
         if world_size is not None and self.world_size != world_size:
             raise PtdError(f"dp*tp*pp = {self.dp}*{self.tp}*{self.pp} = {self.world_size} "
                            f"does not equal the world size {world_size}")
+        if self.dp % self.ep:
+            raise PtdError(f"ep {self.ep} does not divide dp {self.dp} (expert parallelism is "
+                           f"carved out of data parallelism)")
         if self.global_batch % (self.micro_batch * self.dp):
             raise PtdError(f"global batch {self.global_batch} is not divisible by "
                            f"micro-batch*dp = {self.micro_batch}*{self.dp}")
@@ -173,6 +181,10 @@ class ParallelPlan:
         if m.vocab_size % t:
             raise PtdError(f"{m.name}: vocabulary {m.vocab_size} is not divisible by tp {t} "
                            f"(the output layer is split over the vocabulary)")
+        if self.ep > 1 and not m.is_moe:
+            raise PtdError(f"{m.name}: ep {self.ep} needs a mixture-of-experts model (it has no experts)")
+        if m.n_experts % self.ep:
+            raise PtdError(f"{m.name}: {m.n_experts} experts are not divisible by ep {self.ep}")
         what = f"pp*vpp = {self.pp}*{self.stages_per_rank}" if self.stages_per_rank > 1 else f"pp = {self.pp}"
         if m.n_layers < self.n_stages:
             raise PtdError(f"{m.name}: {m.n_layers} layers cannot fill {what} stages")

@@ -48,6 +48,9 @@ def parallelize(model: nn.Module, plan: ParallelPlan, dims: ParallelDims, *, see
     (:class:`~.pp.StageChunk` views sharing its modules); they become the FSDP roots."""
     if plan.tp > 1:
         apply_tp(model, dims.submesh("tp"), plan)
+    if plan.ep > 1:
+        from .ep import apply_ep
+        apply_ep(model, dims.ep_mesh)
     if plan.recompute != "none":
         apply_recompute(model, plan.recompute)
     if compile:
@@ -57,7 +60,7 @@ def parallelize(model: nn.Module, plan: ParallelPlan, dims: ParallelDims, *, see
         init_device = torch.device("cpu") if plan.offload else dims.device
         return materialize(model, init_device, seed, roots=roots)
     materialize(model, dims.device, seed)
-    if plan.tp > 1 or plan.pp > 1 or plan.zero == 2:
+    if plan.tp > 1 or plan.pp > 1 or plan.zero == 2 or plan.ep > 1:
         return model  # gradients reduced over dp by the runner (GradAllReduce, ReduceToOwner)
     return apply_ddp(model, dims.group("dp"), plan, dims.device)
 

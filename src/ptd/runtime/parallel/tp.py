@@ -60,10 +60,11 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, plan: ParallelPlan) -> None:
             "attention.wk": ColwiseParallel(),
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=between),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=between),
         }
-        if block.feed_forward.w3 is not None:
+        if not hasattr(block.feed_forward, "router"):  # MoE experts: replicated over tp
+            layer["feed_forward.w1"] = ColwiseParallel()
+            layer["feed_forward.w2"] = RowwiseParallel(output_layouts=between)
+        if getattr(block.feed_forward, "w3", None) is not None:
             layer["feed_forward.w3"] = ColwiseParallel()
         if sp:
             layer.update({

@@ -117,7 +117,7 @@ def _summary(e: Estimate) -> str:
 
 def stages(e: Estimate) -> tuple[int, ...]:
     """Layers per virtual pipeline stage, in stage order (ptd's cost-balanced split)."""
-    return stage_split(e.model, e.plan.n_stages, e.plan.seq_len)
+    return stage_split(e.model, e.plan.n_stages, e.plan.seq_len, e.plan.uneven_stages)
 
 
 # ------------------------------------------------------------------------- ptd

@@ -82,3 +82,30 @@ def test_layers_split_evenly_when_they_divide(name, pp, split):
     uneven = P.layers_per_rank(m, plan.replace(uneven_stages=True))
     assert sum(uneven) == m.n_layers
     assert (uneven[-1] < split[-1]) == name.startswith("llama3")
+
+
+def test_megatron_activation_formula_is_korthikanti_for_a_gpt_block():
+    # Korthikanti et al. 2022, Table 2: sequence parallel + selective recompute keeps
+    # 34 s b h / t bytes per layer; Megatron writes it 18 + 4 F / h with F = 4h. Plus its
+    # embedding dropout mask (8 s b p) and output (s b h p), and without a pipeline the
+    # output layer's 4 s b h (1 + V / h); all over t.
+    from ptd.cost.megatron_memory import megatron_activation_bytes
+    s, b, h, L, V, t = 2048, 4, 6144, 40, 51200, 8
+    m = get_preset("gpt2").replace(n_layers=L, hidden=h, n_heads=48, n_kv_heads=48,
+                                   ffn_hidden=4 * h, vocab_size=V, max_seq_len=s)
+    plan = ParallelPlan(tp=t, sp=True, recompute="selective", micro_batch=b, global_batch=b,
+                        seq_len=s, dtype="bf16")
+    want = (34 * s * b * h * L + 8 * s * b + s * b * h + 4 * s * b * h * (1 + V / h)) / t
+    assert megatron_activation_bytes(m, plan) == pytest.approx(want, rel=1e-12)
+
+
+def test_estimate_names_its_convention_and_splits_405b_on_pp16(ptd_cli):
+    rc, out, err = ptd_cli("estimate", "--model", "llama3.1-405b", "--hardware", "h100-sxm",
+                           "--gpus", "2048", "--tp", "8", "--pp", "16", "--global-batch", "2048",
+                           "--seq-len", "8192", "--schedule", "1f1b", "--vpp", "1")
+    assert rc == 0, err
+    chosen = next(l for l in out.splitlines() if l.startswith("chosen:"))
+    # 126 layers on 16 stages: split by cost as ptd plan does, stated (not refused)
+    assert "uneven_stages=True" in chosen and "layers per pipeline rank=7/" + "8/" * 14 + "7" in chosen
+    assert "ptd's count, tensor by tensor (swiglu MLP unfused)" in out
+    assert "Megatron-LM's formula" in out

@@ -1,8 +1,10 @@
 """ptd train on several nodes: two torchrun agents on this host (127.0.0.1) stand for two
-nodes of 2 workers each. One multi-node run serves three checks: its losses are the one-node
-run's exactly, only its node 0 wrote the config (and global rank 0 the metrics), and its
-checkpoint -- written by both nodes into one folder, committed once -- is resumed by one
-node with another layout. Plus the Slurm script, and refused input."""
+nodes of 2 workers each. One multi-node run serves four checks: a worker SIGKILLed at step 3
+(a lost node's process) is taken up by torchrun's restarts on both nodes, which resume from
+the step-2 checkpoint; the losses are then still the one-node run's exactly; only node 0
+wrote the config (and global rank 0 the metrics); and the checkpoint -- written by both
+nodes into one folder, committed once -- is resumed by one node with another layout. Plus
+the Slurm script, and refused input."""
 
 import json
 import os
@@ -21,9 +23,9 @@ PLAN = ["--dp", "2", "--tp", "2", "--zero", "1"]
 RUN_TIMEOUT = 150
 
 
-def ptd(*argv, home, timeout=RUN_TIMEOUT):
+def ptd(*argv, home, fault=None):
     env = {k: v for k, v in os.environ.items() if k not in ("PTD_FAULT", "PTD_DUMP_PARAMS")}
-    env.update(PTD_HOME=str(home), OMP_NUM_THREADS="1")
+    env.update(PTD_HOME=str(home), OMP_NUM_THREADS="1", **({"PTD_FAULT": fault} if fault else {}))
     return subprocess.Popen([sys.executable, "-m", "ptd", "train", *argv], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -52,9 +54,11 @@ def runs(tmp_path_factory):
     home.mkdir()
     two, one = d / "two", d / "one"
     port = free_port()
-    flags = [*COMMON, *PLAN, "--checkpoint-every", "2", "--checkpoint-keep", "2"]
+    flags = [*COMMON, *PLAN, "--checkpoint-every", "2", "--checkpoint-keep", "2",
+             "--max-restarts", "1"]
     nodes = [ptd(*flags, "--out", str(two), "--nnodes", "2", "--node-rank", str(r),
-                 "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t", home=home)
+                 "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t", home=home,
+                 fault="kill:rank=3:step=3:restart=0")
              for r in (0, 1)]
     logs = [finish(p) for p in nodes]
     finish(ptd(*COMMON, *PLAN, "--out", str(one), home=home))
@@ -62,9 +66,14 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.timeout(3 * RUN_TIMEOUT)
-def test_two_nodes_give_the_one_node_losses(runs):
-    two, one, _, _ = runs
-    assert len(losses(two)) == 4
+def test_two_nodes_survive_a_killed_worker_and_give_the_one_node_losses(runs):
+    two, one, _, logs = runs
+    err = logs[0][1] + logs[1][1]
+    # the SIGKILLed worker (or a peer of it that lost its connection first) failed, and
+    # the workers restarted from the newest checkpoint
+    assert "exitcode" in err and "step_00000002 at step 2" in err, err[-3000:]
+    assert [json.loads(l)["step"] for l in (two / "metrics.jsonl").read_text().splitlines()] \
+        == [1, 2, 3, 4]
     assert losses(two) == losses(one)  # bit for bit: the same ranks, the same collectives
     # node 0 wrote the config; global rank 0 the metrics and summary; nothing else of node 1
     assert sorted(p.name for p in two.iterdir()) == ["checkpoints", "config.toml",
@@ -77,12 +86,12 @@ def test_checkpoint_written_by_two_nodes_resumes_on_one(runs, tmp_path):
     two, one, home, _ = runs
     ck = two / "checkpoints"
     assert sorted(p.name for p in ck.iterdir()) == ["step_00000002", "step_00000004"]
-    # resume from step 2 (the step-4 one removed), on one node, dp 4 instead of dp 2 x tp 2
+    # resume from step 2 (the step-4 one removed), on one node of 2 workers: dp 2, no tp
     src = tmp_path / "src"
     shutil.copytree(two, src)
     shutil.rmtree(src / "checkpoints" / "step_00000004")
     out = tmp_path / "resumed"
-    _, err = finish(ptd("--resume", str(src), "--out", str(out), "--nproc", "4", "--dp", "4",
+    _, err = finish(ptd("--resume", str(src), "--out", str(out), "--nproc", "2", "--dp", "2",
                         "--tp", "1", "--micro-batch", "2", home=home))
     assert "resumed from" in err and "step_00000002 at step 2" in err
     a, b = losses(out), losses(one)

@@ -10,48 +10,56 @@ import pytest
 
 from helpers import cluster
 from ptd.cost.estimate import CostOptions
-from ptd.cost.params import layers_per_rank
 from ptd.planner import export as X
+from ptd.planner import export_deepspeed
 from ptd.planner.search import search
 from ptd.specs import get_preset, load_config
 
 # ---------------------------------------------------------------- torchtitan
-# torchtitan/config/job_config.py (pytorch/torchtitan, commit 000204a4a8bf), the dataclasses
-# behind the job-config TOML: section -> field names (only the sections ptd writes).
-TORCHTITAN_KEYS = {
-    "job": {"config_file", "dump_folder", "description", "use_for_integration_test", "print_args"},
-    "model": {"name", "flavor", "tokenizer_path", "converters", "print_after_conversion"},
-    "optimizer": {"name", "lr", "beta1", "beta2", "eps", "weight_decay", "implementation",
-                  "early_step_in_backward"},
-    "lr_scheduler": {"warmup_steps", "decay_ratio", "decay_type", "lr_min"},
-    "training": {"dataset", "dataset_path", "local_batch_size", "global_batch_size", "seq_len",
-                 "max_norm", "steps", "enable_cpu_offload", "mixed_precision_param",
-                 "mixed_precision_reduce", "compile", "gc_freq", "gc_debug", "seed",
-                 "deterministic"},
-    "parallelism": {"data_parallel_replicate_degree", "enable_compiled_autograd",
-                    "data_parallel_shard_degree", "fsdp_reshard_after_forward",
-                    "tensor_parallel_degree", "disable_loss_parallel",
-                    "enable_async_tensor_parallel", "pipeline_parallel_degree",
-                    "pipeline_parallel_split_points", "pipeline_parallel_layers_per_stage",
-                    "pipeline_parallel_schedule", "pipeline_parallel_schedule_csv",
-                    "pipeline_parallel_microbatch_size", "context_parallel_degree",
-                    "context_parallel_rotate_method", "expert_parallel_degree"},
-    "activation_checkpoint": {"mode", "selective_ac_option",
-                              "per_op_sac_force_recompute_mm_shapes_by_fqns"},
+# torchtitan 0.3.0: the flags of `python -m torchtitan.config.manager --module llama3
+# --config llama3_8b --help` that ptd writes (fields of torchtitan/config/configs.py and the
+# optimizer/lr-scheduler containers). tests/test_export_interop.py parses them with
+# torchtitan itself; this spread of plans (MoE, GPT-2, fp16/fp32) is checked by name only.
+TORCHTITAN_FLAGS = {
+    "--module", "--config", "--parallelism.data-parallel-replicate-degree",
+    "--parallelism.data-parallel-shard-degree", "--parallelism.fsdp-reshard-after-forward",
+    "--parallelism.tensor-parallel-degree", "--parallelism.enable-sequence-parallel",
+    "--parallelism.no-enable-sequence-parallel", "--parallelism.pipeline-parallel-degree",
+    "--parallelism.pipeline-parallel-schedule", "--parallelism.pipeline-parallel-microbatch-size",
+    "--parallelism.module-fqns-per-model-part", "--training.local-batch-size",
+    "--training.disable-cuda-graphs", "--training.global-batch-size", "--training.seq-len",
+    "--training.steps", "--training.mixed-precision-param", "--training.enable-cpu-offload",
+    "--training.no-enable-cpu-offload", "--training.max-norm",
+    "--optimizer.param-groups.0.optimizer-kwargs.lr",
+    "--optimizer.param-groups.0.optimizer-kwargs.betas",
+    "--optimizer.param-groups.0.optimizer-kwargs.eps",
+    "--optimizer.param-groups.0.optimizer-kwargs.weight-decay", "--lr-scheduler.warmup-steps",
+    "--lr-scheduler.decay-type", "--lr-scheduler.min-lr-factor", "--debug.seed",
 }
-TORCHTITAN_CHOICES = {
-    ("training", "mixed_precision_param"): {"bfloat16", "float32"},
-    ("parallelism", "fsdp_reshard_after_forward"): {"default", "always", "never"},
-    ("activation_checkpoint", "mode"): {"selective", "full", "none"},
-    ("lr_scheduler", "decay_type"): {"linear", "sqrt", "cosine"},
-    # torch.distributed.pipelining.schedules.get_schedule_class (torch 2.13)
-    ("parallelism", "pipeline_parallel_schedule"): {
-        "1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble",
-        "PipelineScheduleSingle", "PipelineScheduleMulti", "ZBVZeroBubble", "DualPipeV"},
-}
+# torch.distributed.pipelining.schedules.get_schedule_class (torch 2.13)
+TORCHTITAN_SCHEDULES = {"1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble",
+                        "PipelineScheduleSingle", "PipelineScheduleMulti", "ZBVZeroBubble",
+                        "DualPipeV"}
+
+
+def parse_torchtitan(text):
+    """{flag: [values]} and the activation-checkpoint subcommand of a launch script."""
+    import shlex
+    toks = shlex.split(text.split("-m torchtitan.train", 1)[1].replace("\\\n", " "))
+    args, flag, sub = {}, None, None
+    for t in toks:
+        if t.startswith("--"):
+            flag = t
+            args[flag] = []
+        elif t.startswith("activation-checkpoint:"):
+            sub = t.split(":", 1)[1]
+        else:
+            args[flag].append(t)
+    return args, sub
+
 
 # ----------------------------------------------------------------- Megatron-LM
-# megatron/training/arguments.py (NVIDIA/Megatron-LM, tag core_v0.14.0): every flag ptd writes,
+# megatron/training/arguments.py (NVIDIA/Megatron-LM, core_r0.19.0): every flag ptd writes,
 # with its choices where the parser restricts them (None: free value or store_true).
 MEGATRON_FLAGS = {
     "--num-layers": None, "--hidden-size": None, "--ffn-hidden-size": None,
@@ -78,22 +86,32 @@ MEGATRON_FLAGS = {
     "--recompute-num-layers": None, "--use-distributed-optimizer": None,
     "--use-megatron-fsdp": None,
     "--data-parallel-sharding-strategy": {"no_shard", "optim", "optim_grads", "optim_grads_params"},
-    "--optimizer-cpu-offload": None, "--overlap-grad-reduce": None,
+    "--optimizer-cpu-offload": None, "--use-precision-aware-optimizer": None,
+    "--ckpt-format": {"torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"},
+    "--overlap-grad-reduce": None,
     "--overlap-param-gather": None, "--train-iters": None, "--lr": None, "--min-lr": None,
     "--lr-decay-style": {"constant", "linear", "cosine", "inverse-square-root", "WSD"},
     "--lr-warmup-iters": None, "--weight-decay": None, "--adam-beta1": None,
     "--adam-beta2": None, "--adam-eps": None, "--clip-grad": None, "--seed": None,
 }
 
+# core_r0.19: the exact stage split, Megatron-FSDP's checkpoint format, offload's optimizer
+MEGATRON_FLAGS.update({"--pipeline-model-parallel-layout": None,
+                       "--use-precision-aware-optimizer": None,
+                       "--ckpt-format": {"torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"}})
+for _gone in ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+              "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"):
+    del MEGATRON_FLAGS[_gone]  # ptd states the split with the layout instead
+
 # ------------------------------------------------------------------- DeepSpeed
 # docs/_pages/config-json.md (deepspeedai/DeepSpeed): the ds_config keys ptd writes.
 DS_TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
           "gradient_clipping", "zero_optimization", "optimizer", "steps_per_print", "bf16",
-          "fp16", "tensor_parallel", "activation_checkpointing"}
+          "fp16", "tensor_parallel", "activation_checkpointing", "scheduler", "seed"}
 DS_NESTED = {
     "zero_optimization": {"stage", "overlap_comm", "contiguous_gradients", "offload_optimizer",
                           "offload_param", "reduce_scatter", "allgather_partitions"},
-    "optimizer": {"type", "params"},
+    "optimizer": {"type", "params"}, "scheduler": {"type", "params"},
     "bf16": {"enabled"}, "fp16": {"enabled"},
     "tensor_parallel": {"autotp_size", "preset_model", "tp_overlap_comm", "partition_config"},
     "activation_checkpointing": {"partition_activations", "cpu_checkpointing",
@@ -154,31 +172,37 @@ def test_ptd_export_loads_and_validates(plans, tmp_path):
         assert cfg == X.train_config(e, "h100-sxm", 7, "runs/x")
 
 
-def test_torchtitan_export_uses_documented_keys(plans):
+def test_torchtitan_export_uses_documented_flags(plans):
     for e in plans:
         p = e.plan
-        doc = tomllib.loads(X.export(e, "torchtitan"))
-        for section, keys in doc.items():
-            assert section in TORCHTITAN_KEYS, section
-            assert set(keys) <= TORCHTITAN_KEYS[section], (section, set(keys) - TORCHTITAN_KEYS[section])
-        for (section, key), allowed in TORCHTITAN_CHOICES.items():
-            if key in doc.get(section, {}):
-                assert doc[section][key] in allowed, (section, key, doc[section][key])
-        par, tr = doc["parallelism"], doc["training"]
-        assert par["tensor_parallel_degree"] == p.tp and par["pipeline_parallel_degree"] == p.pp
-        assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == p.dp
-        assert tr["global_batch_size"] == p.global_batch and tr["seq_len"] == p.seq_len
-        assert doc["activation_checkpoint"]["mode"] == p.recompute
+        text = X.export(e, "torchtitan")
+        assert text.startswith("#!/usr/bin/env bash") and "torchrun" in text
+        args, sub = parse_torchtitan(text)
+        assert set(args) <= TORCHTITAN_FLAGS, set(args) - TORCHTITAN_FLAGS
+        assert sub == p.recompute
+        one = {k: v[0] for k, v in args.items() if v}
+        assert int(one["--parallelism.tensor-parallel-degree"]) == p.tp
+        assert int(one["--parallelism.pipeline-parallel-degree"]) == p.pp
+        assert (int(one["--parallelism.data-parallel-replicate-degree"])
+                * int(one["--parallelism.data-parallel-shard-degree"])) == p.dp
+        assert int(one["--training.global-batch-size"]) == p.global_batch
+        assert int(one["--training.seq-len"]) == p.seq_len
         if p.pp > 1:
-            assert len(par["pipeline_parallel_split_points"]) == p.n_stages - 1
-            assert tr["local_batch_size"] // par["pipeline_parallel_microbatch_size"] == p.n_microbatches
-        else:  # gradient accumulation: global / (local * dp)
-            assert tr["global_batch_size"] // (tr["local_batch_size"] * p.dp) == p.n_microbatches
+            assert one["--parallelism.pipeline-parallel-schedule"] in TORCHTITAN_SCHEDULES
+            parts = args["--parallelism.module-fqns-per-model-part"]
+            assert len(parts) == p.n_stages
+            assert [sum(m.startswith("layers.") for m in part.split(",")) for part in parts] \
+                == list(X.stages(e))
+            local, mb = int(one["--training.local-batch-size"]), int(one["--parallelism.pipeline-parallel-microbatch-size"])
+            assert local // mb == p.n_microbatches
+        else:
+            assert p.global_batch // (int(one["--training.local-batch-size"]) * p.dp) == p.n_microbatches
 
 
 def parse_megatron(text):
-    body = [l for l in text.splitlines() if not l.startswith("#")]
-    tokens = " ".join(l.rstrip("\\").strip() for l in body).split()
+    import shlex
+    body = text.split("pretrain_gpt.py", 1)[1].replace("\\\n", " ")
+    tokens = [t for t in shlex.split(body) if t != "$@"]
     args, flag = {}, None
     for t in tokens:
         if t.startswith("--"):
@@ -206,26 +230,25 @@ def test_megatron_export_uses_documented_arguments(plans):
         assert int(args["--micro-batch-size"]) == p.micro_batch
         assert int(args["--global-batch-size"]) == p.global_batch
         assert int(args["--seq-length"]) == p.seq_len
-        assert int(args["--vocab-size"]) + 1 == e.model.vocab_size  # NullTokenizer adds EOD
+        assert int(args["--vocab-size"]) == e.model.vocab_size  # NullTokenizer: EOD is V-1
         assert int(args["--num-layers"]) == e.model.n_layers
         assert ("--sequence-parallel" in args) == p.sp
         assert ("--bf16" in args) == (p.dtype == "bf16") and ("--fp16" in args) == (p.dtype == "fp16")
         if p.zero == 1:
             assert "--use-distributed-optimizer" in args
-        if p.pp > 1 and p.schedule in ("1f1b", "gpipe") and "--decoder-first-pipeline-num-layers" in args:
-            per_rank = layers_per_rank(e.model, p)
-            assert int(args["--decoder-first-pipeline-num-layers"]) == per_rank[0]
-            assert int(args["--decoder-last-pipeline-num-layers"]) == per_rank[-1]
+        if p.pp > 1:  # ptd's exact split, stage by stage
+            layout = args["--pipeline-model-parallel-layout"]
+            assert [int(x.strip("EL").split("*")[1]) for x in layout.split("|")] == list(X.stages(e))
     assert {"--use-megatron-fsdp", "--recompute-method", "--optimizer-cpu-offload",
-            "--num-layers-per-virtual-pipeline-stage", "--num-experts"} <= seen
+            "--pipeline-model-parallel-layout", "--num-experts"} <= seen
 
 
 def test_deepspeed_export_uses_documented_keys(plans):
     for e in plans:
         p = e.plan
-        d = json.loads(X.export(e, "deepspeed"))
-        assert set(d) <= {"ds_config", "pipeline_module", "parallel", "notes"}
-        ds = d["ds_config"]
+        ex = X.export_files(e, "deepspeed")
+        ds = json.loads(ex.text)  # the plain ds_config, no wrapper
+        launch = ex.beside["ds_config.launch.sh"]
         assert set(ds) <= DS_TOP, set(ds) - DS_TOP
         for k, allowed in DS_NESTED.items():
             if k in ds:
@@ -237,11 +260,12 @@ def test_deepspeed_export_uses_documented_keys(plans):
         assert ds["train_batch_size"] == (ds["train_micro_batch_size_per_gpu"]
                                           * ds["gradient_accumulation_steps"] * p.dp)
         assert ds["zero_optimization"]["stage"] == p.zero
-        assert d["parallel"] == {"data_parallel": p.dp, "tensor_parallel": p.tp,
-                                 "pipeline_parallel": p.pp, "world_size": p.world_size}
+        assert (f"data {p.dp} x tensor {p.tp} x pipeline {p.pp} = {p.world_size} ranks"
+                in launch)
         if p.pp > 1:
-            assert set(d["pipeline_module"]) <= PIPELINE_MODULE_KWARGS
-            assert d["pipeline_module"]["num_stages"] == p.pp
+            kw, _ = export_deepspeed.pipeline(e, X.stages(e))
+            assert set(kw) <= PIPELINE_MODULE_KWARGS and kw["num_stages"] == p.pp
+            assert f"PipelineModule(layers, num_stages={p.pp}" in launch
         if p.tp > 1:
             assert ds["tensor_parallel"]["autotp_size"] == p.tp
 
@@ -252,9 +276,12 @@ def test_exports_say_what_they_cannot_express(plans):
     z1 = next(e for e in plans if e.plan.zero == 1 and e.plan.dp > 1)
     assert "ZeRO-1 has no torchtitan setting" in X.export(z1, "torchtitan")
     nosp = next(e for e in plans if e.plan.tp > 1 and not e.plan.sp)
-    assert "sequence parallel off cannot be expressed" in X.export(nosp, "torchtitan")
+    assert "--parallelism.no-enable-sequence-parallel" in X.export(nosp, "torchtitan")
     z3pp = next(e for e in plans if e.plan.zero >= 2 and e.plan.pp > 1)
-    assert "supports ZeRO 0 and 1 only" in X.export(z3pp, "deepspeed")
+    ex = X.export_files(z3pp, "deepspeed")
+    assert any("supports ZeRO 0 and 1 only" in n for n in ex.notes)
+    assert "# not expressible: DeepSpeed's pipeline engine supports ZeRO 0 and 1 only" in \
+        ex.beside["ds_config.launch.sh"]
     assert set(X.LIMITS) == set(X.FORMATS) and all(X.LIMITS.values())
 
 
@@ -273,7 +300,8 @@ def test_cli_export(ptd_cli, tmp_path):
     assert parse_megatron((tmp_path / "m.txt").read_text())["--global-batch-size"] == "32"
     rc, out, _ = ptd_cli(*argv, "--export", "deepspeed", "--json")
     d = json.loads(out)
-    assert d["export"]["format"] == "deepspeed" and json.loads(d["export"]["text"])["ds_config"]
+    assert d["export"]["format"] == "deepspeed"
+    assert json.loads(d["export"]["text"])["train_batch_size"] == 32
     with pytest.raises(Exception):
         X.export(plans_first(), "jax")
 

@@ -124,6 +124,12 @@ def run(a: argparse.Namespace) -> int:
             fixed[knob] = val
     if fixed["vpp"] > 1 and a.schedule is None:
         fixed["schedule"] = "interleaved-1f1b"
+    extra: dict[str, str] = {}
+    stages = pp * fixed["vpp"] if fixed["schedule"] != "zero-bubble" or fixed["vpp"] > 2 else 2 * pp
+    if pp > 1 and model.n_layers % stages and not a.uneven_stages:
+        # as ptd plan does: layers that do not divide are split by cost (stated, not refused)
+        fixed["uneven_stages"] = True
+        extra["uneven_stages"] = f"True ({model.n_layers} layers do not divide over {stages} stages)"
     base = ParallelPlan(**fixed)
     base.validate(model if a.ep > 1 else None, cluster.n_devices)
     if free:
@@ -133,19 +139,24 @@ def run(a: argparse.Namespace) -> int:
     if a.json:
         emit_json(e.to_json())
     else:
-        print(render(e))
+        print(render(e, extra))
     return 0
 
 
-def render(e) -> str:
-    """The human report of one :class:`~ptd.cost.estimate.Estimate`."""
+def render(e, extra: dict[str, str] | None = None) -> str:
+    """The human report of one :class:`~ptd.cost.estimate.Estimate` (``extra``: settings
+    made for the user, shown on the ``chosen:`` line)."""
     m, c, p = e.model, e.cluster, e.plan
     lines = [f"{m.name} ({si(m.param_count())} params) on {c.n_devices} x {c.hardware.name} "
              f"({c.n_nodes} node{'s' if c.n_nodes > 1 else ''} of {c.devices_per_node})",
              f"plan: {p.describe()}  seq {p.seq_len}  {p.dtype}  "
              f"({p.n_microbatches} micro-batch{'es' if p.n_microbatches > 1 else ''}/step)"]
-    if e.chosen:
-        lines.append("chosen: " + ", ".join(f"{k}={v}" for k, v in e.chosen.items()))
+    chosen = {**(e.chosen or {}), **(extra or {})}
+    if p.uneven_stages and p.pp > 1:
+        from ..cost.params import layers_per_rank
+        chosen["layers per pipeline rank"] = "/".join(map(str, layers_per_rank(m, p)))
+    if chosen:
+        lines.append("chosen: " + ", ".join(f"{k}={v}" for k, v in chosen.items()))
     mem = e.memory
     rows = [(k, gib(getattr(mem, k)), pct(getattr(mem, k) / mem.total if mem.total else 0))
             for k in ("params", "grads", "optimizer", "activations", "buffers")]
@@ -153,6 +164,7 @@ def render(e) -> str:
                  f"{'fits' if mem.fits else 'DOES NOT FIT'} in {gib(c.hardware.usable_memory)}"
                  + (f" of {gib(c.hardware.memory_bytes)}" if c.hardware.memory_reserved else "")))
     lines += ["", "memory per device", table(rows, header=("part", "bytes", "share"), align="lrr")]
+    lines.append(activation_convention(m, p))
     st = e.step
     rows = [(k, duration(getattr(st, k)), pct(getattr(st, k) / st.total))
             for k in ("compute", "tp_comm", "pp_comm", "dp_comm_exposed", "bubble", "optimizer")
@@ -166,3 +178,14 @@ def render(e) -> str:
             (f"time to train {si(e.tokens)} tokens", duration(e.time_to_train_s))]
     lines += ["", "throughput", table(rows, align="lr")]
     return "\n".join(lines)
+
+
+def activation_convention(m, p) -> str:
+    """Which activation count the report uses, beside Megatron-LM's formula for the same
+    plan under the one recompute setting that formula describes (selective, with sp)."""
+    from ..cost.megatron_memory import megatron_activation_bytes
+    from ..cost.memory import activation_bytes
+    sel = p.replace(recompute="selective", sp=p.tp > 1)
+    return (f"activations: ptd's count, tensor by tensor ({m.mlp} MLP unfused); with selective "
+            f"recompute{' + sp' if p.tp > 1 else ''} it gives {gib(activation_bytes(m, sel))}, "
+            f"Megatron-LM's formula (a GPT block) {gib(megatron_activation_bytes(m, sel))}")

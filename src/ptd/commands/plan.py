@@ -10,7 +10,7 @@ Examples:
   ptd plan --model llama3.1-405b --hardware h100-sxm --gpus 16384 --global-batch 2048 --seq-len 8192
   ptd plan --model llama3-70b --gpus 64 --fix tp=8,zero=1 --explain
   ptd plan --model llama3-8b --gpus 8 --objective memory --json
-  ptd plan --model llama3-8b --gpus 64 --export megatron > megatron_args.txt
+  ptd plan --model llama3-8b --gpus 64 --export megatron -o megatron_launch.sh
   ptd plan --model small --hardware cpu --gpus 4 --seq-len 256 --global-batch 32 --run
   ptd plan --model small --hardware cpu --gpus 4 --seq-len 256 --global-batch 16 --dtype fp32 \
       --try 3        # run the top 3 and each layout's best here; predicted vs measured
@@ -58,7 +58,7 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", metavar="FILE",
                    help="write the export (or, with --run, the ptd config) here")
     p.add_argument("--steps", type=positive_int,
-                   help="training steps in the export (100), or of each --try run (8)")
+                   help="training steps in the export (200, as ptd train), or of each --try run (8)")
     p.add_argument("--run", action="store_true",
                    help="plan for this machine (--hardware cpu or a calibrated profile) and "
                         "start ptd train with the winner")
@@ -108,19 +108,29 @@ def run(a: argparse.Namespace) -> int:
     text = None
     fmt = "ptd" if a.run else a.export
     target = Path(a.output or "runs/plan.toml")
+    beside: dict[str, str] = {}
     if fmt:
-        from ..planner.export import export
+        from ..planner.export import export_files
         # --run trains into a folder beside the plan it writes
         out = str(target.parent / "run") if a.run else None
-        text = export(win, fmt, hardware=a.hardware, steps=a.steps, out=out, options=opts)
+        ex = export_files(win, fmt, hardware=a.hardware, steps=a.steps, out=out, options=opts,
+                          name=target.name if a.output else None)
+        text, beside = ex.text, ex.beside
+        for n in ex.notes:  # what the framework cannot express, never dropped in silence
+            print(f"ptd plan: {fmt} cannot express: {n}", file=sys.stderr)
     path = None
     if text is not None and (a.output or a.run):
         path = target
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
+            for name, body in beside.items():
+                (path.parent / name).write_text(body)
         except OSError as e:
             raise PtdError(f"cannot write {path}: {e.strerror}") from None
+    elif beside:
+        print(f"ptd plan: {fmt}: give -o FILE to also write {', '.join(beside)} beside it",
+              file=sys.stderr)
 
     if a.json:
         emit_json(to_json(res, a.top, dims, fmt, text, path))
@@ -129,7 +139,8 @@ def run(a: argparse.Namespace) -> int:
     else:
         print(render(res, a.top, a.pareto, dims))
         if path is not None:
-            print(f"\nwrote the {fmt} export of plan #1 to {path}")
+            print(f"\nwrote the {fmt} export of plan #1 to {path}"
+                  + "".join(f" and {path.parent / n}" for n in beside))
 
     if a.run:
         cmd = [sys.executable, "-m", "ptd", "train", "--config", str(path)]

@@ -16,8 +16,9 @@ which overrides the defaults; the fully resolved config is written to OUT/config
 
 With --nproc N (default: the plan's world size) N workers start on this host through
 torchrun, one intra-op thread each unless --threads says otherwise; --nproc without --dp
-sets dp = N/(tp*pp). For several nodes, run torchrun yourself on each node with the written
-config (see docs/training.md). Output in OUT (--out, default runs/latest):
+sets dp = N/(tp*pp). Several nodes: the same command on each node with --nnodes N
+--node-rank R --rdzv-endpoint HOST:PORT (torchrun's names); --slurm-script FILE writes an
+sbatch script that does that (docs/launching.md). Output in OUT (--out, default runs/latest):
 metrics.jsonl (one line per step), summary.json, config.toml.
 """
 
@@ -103,6 +104,14 @@ def add(p: argparse.ArgumentParser) -> None:
     c.add_argument("--init-from", metavar="HF_DIR",
                    help="initial weights from a Hugging Face folder (config.json + safetensors); "
                         "without --model/--config the model comes from its config.json")
+    n = p.add_argument_group("several nodes (docs/launching.md)")
+    n.add_argument("--nnodes", type=positive_int, default=1, help="nodes in the job (1)")
+    n.add_argument("--node-rank", type=nonneg_int, default=0, help="this node's rank (0)")
+    n.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                   help="where the nodes' torchrun agents meet (c10d rendezvous)")
+    n.add_argument("--rdzv-id", default="ptd", help="job id shared by every node (ptd)")
+    n.add_argument("--slurm-script", metavar="FILE",
+                   help="write OUT/config.toml and an sbatch script for --nnodes nodes; start nothing")
     o.add_argument("--dry-run", action="store_true",
                    help="validate and write OUT/config.toml, start nothing (--nproc = total world)")
 
@@ -180,5 +189,19 @@ def resolve(a: argparse.Namespace):  # -> tuple[TrainConfig, int]
 
 def run(a: argparse.Namespace) -> int:
     from ..runtime.launch import train
+    from ..runtime.nodes import Nodes, per_node, slurm_script
     cfg, nproc = resolve(a)
-    return train(cfg, nproc, dry_run=a.dry_run)
+    if a.slurm_script:
+        rc = train(cfg, nproc, dry_run=True)  # validates and writes OUT/config.toml
+        per = per_node(nproc, a.nnodes)
+        Path(a.slurm_script).write_text(slurm_script(str(Path(cfg.out) / "config.toml"),
+                                                     a.nnodes, per, gpus=cfg.hardware != "cpu"))
+        print(f"ptd: wrote {a.slurm_script} ({a.nnodes} nodes x {per} workers); "
+              f"submit it with sbatch {a.slurm_script}")
+        return rc
+    if a.nnodes == 1:
+        return train(cfg, nproc, dry_run=a.dry_run)
+    if not a.rdzv_endpoint:
+        raise PtdError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (where the nodes meet)")
+    nodes = Nodes(a.nnodes, a.node_rank, a.rdzv_endpoint, a.rdzv_id)
+    return train(cfg, per_node(nproc, a.nnodes), dry_run=a.dry_run, nodes=nodes)

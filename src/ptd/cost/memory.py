@@ -309,11 +309,14 @@ def activation_bytes(model: ModelSpec, plan: ParallelPlan, attention: AttentionK
 
 
 # --------------------------------------------------------------------- buffers
-def buffer_bytes(model: ModelSpec, plan: ParallelPlan, pp_rank: int = 0) -> float:
+def buffer_bytes(model: ModelSpec, plan: ParallelPlan, pp_rank: int = 0,
+                 convention: Convention = "ptd") -> float:
     """Transient and communication buffers on the most loaded rank.
 
     * bf16/fp16 compute copies of the local parameters (autocast's weight cache under DDP,
-      kept alive by backward): ``2 x`` local parameters;
+      kept alive by backward): ``2 x`` local parameters -- under the ``"zero"`` convention
+      the parameters already are that 16-bit copy (2 bytes each in model states), so it is
+      not counted again;
     * ZeRO-3: two gathered blocks (the one computing and the one prefetched) in the
       compute dtype, plus one block's unsharded fp32 gradient before reduce-scatter;
     * ZeRO-2 (:mod:`ptd.runtime.parallel.zero2`): two 25 MiB buckets in flight and one
@@ -333,7 +336,7 @@ def buffer_bytes(model: ModelSpec, plan: ParallelPlan, pp_rank: int = 0) -> floa
             total += 3 * min(ZERO2_BUCKET_BYTES, local * 4)
             if plan.tp > 1 or plan.pp > 1:
                 total += local * 4
-        if ab < 4:
+        if ab < 4 and convention != "zero":
             total += local * ab
     if plan.pp > 1:
         act = ab * plan.seq_len * plan.micro_batch * model.hidden / (plan.tp if plan.sp else 1)
@@ -352,4 +355,5 @@ def memory(model: ModelSpec, plan: ParallelPlan, capacity: float = 0.0,
         p = g = o = 0.0
     act = activation_bytes(model, plan, attention, gqa_expanded, fused_norm=fused_norm)
     return MemoryBreakdown(params=p, grads=g, optimizer=o, activations=act,
-                           buffers=buffer_bytes(model, plan), capacity=capacity)
+                           buffers=buffer_bytes(model, plan, convention=convention),
+                           capacity=capacity)

@@ -183,10 +183,14 @@ def _output_cost(model: ModelSpec) -> float:
 
 
 @memo_by_model
-def stage_split(model: ModelSpec, n_stages: int, seq_len: int) -> tuple[int, ...]:
-    """Layers per virtual stage, contiguous, minimising the most expensive stage.
+def stage_split(model: ModelSpec, n_stages: int, seq_len: int,
+                balanced: bool = False) -> tuple[int, ...]:
+    """Layers per virtual stage, contiguous.
 
-    The output layer (``6 V h`` FLOPs/token) weighs on the last stage; the embedding lookup
+    When the stage count divides the layers and ``balanced`` is off (the plan's
+    ``uneven_stages``), the even split -- what Megatron-LM and torchtitan do (Llama-3-70B on
+    pp 4: 20/20/20/20). Otherwise (``--uneven-stages``, or layers that do not divide) the
+    split that minimises the most expensive stage: the output layer (``6 V h`` FLOPs/token) weighs on the last stage; the embedding lookup
     costs no FLOPs. Every stage gets at least one layer. Ties go to the most even split,
     so with a negligible output layer and ``L`` divisible by the stage count this is the
     even split.
@@ -194,6 +198,8 @@ def stage_split(model: ModelSpec, n_stages: int, seq_len: int) -> tuple[int, ...
     L = model.n_layers
     if n_stages == 1:
         return (L,)
+    if L % n_stages == 0 and not balanced:
+        return (L // n_stages,) * n_stages
     if n_stages > L:
         raise ValueError(f"{n_stages} stages need at least as many layers, have {L}")
     unit = _layer_cost(model, seq_len)
@@ -221,32 +227,33 @@ def stage_split(model: ModelSpec, n_stages: int, seq_len: int) -> tuple[int, ...
     return tuple(best)
 
 
-def _layout_key(plan: ParallelPlan) -> tuple[int, int, bool, int]:
+def _layout_key(plan: ParallelPlan) -> tuple[int, int, bool, int, bool]:
     """The fields that decide which layers sit on which pipeline rank."""
-    return (plan.pp, plan.n_stages, _is_v(plan), plan.seq_len)
+    return (plan.pp, plan.n_stages, _is_v(plan), plan.seq_len, plan.uneven_stages)
 
 
 layout_key = _layout_key
 
 
-def layout_plan(key: tuple[int, int, bool, int], **fields: int) -> ParallelPlan:
+def layout_plan(key: tuple[int, int, bool, int, bool], **fields: int) -> ParallelPlan:
     """A plan whose :func:`layout_key` is ``key`` (and with ``fields``): stand-in for every
     plan with that layout, for results that depend on nothing else."""
-    pp, n_stages, v_shape, seq_len = key
+    pp, n_stages, v_shape, seq_len, balanced = key
     if v_shape:
         sched, vpp = "zero-bubble", 1
     else:
         vpp = n_stages // pp
         sched = "interleaved-1f1b" if vpp > 1 else "1f1b"
-    plan = ParallelPlan(pp=pp, vpp=vpp, schedule=sched, seq_len=seq_len, **fields)  # type: ignore[arg-type]
+    plan = ParallelPlan(pp=pp, vpp=vpp, schedule=sched, seq_len=seq_len,  # type: ignore[arg-type]
+                        uneven_stages=balanced, **fields)
     assert _layout_key(plan) == key
     return plan
 
 
 @memo_by_model
-def _rank_layers(model: ModelSpec, key: tuple[int, int, bool, int]) -> tuple[int, ...]:
-    pp, n_stages, v_shape, seq_len = key
-    split = stage_split(model, n_stages, seq_len)
+def _rank_layers(model: ModelSpec, key: tuple[int, int, bool, int, bool]) -> tuple[int, ...]:
+    pp, n_stages, v_shape, seq_len, balanced = key
+    split = stage_split(model, n_stages, seq_len, balanced)
     per_rank = [0] * pp
     for s, n in enumerate(split):
         r = (s if s < pp else 2 * pp - 1 - s) if v_shape else s % pp
@@ -264,13 +271,13 @@ def layers_per_rank(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
     return _rank_layers(model, _layout_key(plan))
 
 
-def rank_layers_of(model: ModelSpec, key: tuple[int, int, bool, int]) -> tuple[int, ...]:
+def rank_layers_of(model: ModelSpec, key: tuple[int, int, bool, int, bool]) -> tuple[int, ...]:
     """:func:`layers_per_rank` from a :func:`layout_key`."""
     return _rank_layers(model, key)
 
 
 @memo_by_model
-def _widest_plain_rank(model: ModelSpec, key: tuple[int, int, bool, int]) -> int | None:
+def _widest_plain_rank(model: ModelSpec, key: tuple[int, int, bool, int, bool]) -> int | None:
     first, last = ends_of(key)
     layers = _rank_layers(model, key)
     best = None
@@ -326,15 +333,15 @@ def local_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> int:
     return n - moe_cost.ep_missing_numel(model, plan.ep) * rank_layers(model, plan, pp_rank)
 
 
-def ends_of(key: tuple[int, int, bool, int]) -> tuple[int, int]:
+def ends_of(key: tuple[int, int, bool, int, bool]) -> tuple[int, int]:
     """:func:`_ends` from a :func:`_layout_key` (the first stage is always on rank 0)."""
-    pp, n_stages, v_shape, _ = key
+    pp, n_stages, v_shape = key[:3]
     last = n_stages - 1
     return 0, ((last if last < pp else 2 * pp - 1 - last) if v_shape else last % pp)
 
 
 @memo_by_model
-def _local_numels(model: ModelSpec, key: tuple[int, int, bool, int], tp: int) -> tuple[int, ...]:
+def _local_numels(model: ModelSpec, key: tuple[int, int, bool, int, bool], tp: int) -> tuple[int, ...]:
     """:func:`local_numel` of every pipeline rank (memoised: the planner asks for the same
     layout under many micro-batch, ZeRO and recompute settings)."""
     first_rank, last_rank = ends_of(key)

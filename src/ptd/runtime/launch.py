@@ -38,6 +38,7 @@ from pathlib import Path
 
 from ..errors import PtdError
 from ..specs import TrainConfig
+from .nodes import Nodes, torchrun_flags
 
 
 # what a GPU driver leaves on a host (NVIDIA's, and ROCm's which torch.cuda also drives)
@@ -106,8 +107,10 @@ def prepare_data(cfg: TrainConfig) -> None:
                      micro_batch=cfg.plan.micro_batch, dp_rank=0, dp_size=cfg.plan.dp, max_steps=1)
 
 
-def torchrun_command(config_path: Path, nproc: int, max_restarts: int, log_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+def torchrun_command(config_path: Path, nproc: int, max_restarts: int, log_dir: Path,
+                     nodes: Nodes | None = None) -> list[str]:
+    where = torchrun_flags(nodes) if nodes else ["--standalone", "--nnodes", "1"]
+    return [sys.executable, "-m", "torch.distributed.run", *where,
             "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts),
             "--log-dir", str(log_dir), "-m", "ptd.runtime.worker", str(config_path)]
 
@@ -146,7 +149,8 @@ def fork_ok() -> bool:
             and "fork" in multiprocessing.get_all_start_methods() and gpu_count() == 0)
 
 
-def fork_workers(cfg: TrainConfig, config_path: Path, nproc: int, log_dir: Path) -> int:
+def fork_workers(cfg: TrainConfig, config_path: Path, nproc: int, log_dir: Path,
+                 nodes: Nodes | None = None) -> int:
     """torchrun's own elastic agent (same rendezvous, restarts, error files, signal
     handling), run in this process, with workers forked from a fork server that has
     imported torch and the runtime once.
@@ -180,9 +184,12 @@ def fork_workers(cfg: TrainConfig, config_path: Path, nproc: int, log_dir: Path)
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
         from . import worker
-        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
-                              run_id=str(uuid.uuid4()), rdzv_backend="c10d",
-                              rdzv_endpoint="localhost:0", max_restarts=cfg.max_restarts,
+        n = nodes.nnodes if nodes else 1
+        config = LaunchConfig(min_nodes=n, max_nodes=n, nproc_per_node=nproc,
+                              run_id=nodes.rdzv_id if nodes else str(uuid.uuid4()),
+                              rdzv_backend="c10d",
+                              rdzv_endpoint=nodes.rdzv_endpoint if nodes else "localhost:0",
+                              max_restarts=cfg.max_restarts,
                               monitor_interval=0.1, start_method="forkserver",
                               logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)))
         try:
@@ -215,18 +222,19 @@ def stop_fork_server(timeout: float = 10.0) -> None:
     t.join(timeout)
 
 
-def start_workers(cfg: TrainConfig, config_path: Path, nproc: int) -> int:
+def start_workers(cfg: TrainConfig, config_path: Path, nproc: int,
+                  nodes: Nodes | None = None, log_dir: Path | None = None) -> int:
     """Run the workers to completion; return the exit code for ``ptd train``."""
-    if nproc == 1:
+    if nproc == 1 and nodes is None:
         from .worker import run
         run(cfg)
         return stopped(cfg)
-    log_dir = Path(cfg.out) / "torchrun"
+    log_dir = log_dir or Path(cfg.out) / "torchrun"
     shutil.rmtree(log_dir, ignore_errors=True)  # error files of an earlier run would mislead
     if fork_ok():
-        rc = fork_workers(cfg, config_path, nproc, log_dir)
+        rc = fork_workers(cfg, config_path, nproc, log_dir, nodes)
     else:
-        cmd = torchrun_command(config_path, nproc, cfg.max_restarts, log_dir)
+        cmd = torchrun_command(config_path, nproc, cfg.max_restarts, log_dir, nodes)
         rc = subprocess.run(cmd, env=worker_env(cfg)).returncode
     if rc != 0:
         failures = failed_workers(log_dir)
@@ -253,12 +261,19 @@ def stopped(cfg: TrainConfig) -> int:
     return 1
 
 
-def train(cfg: TrainConfig, nproc: int, dry_run: bool = False) -> int:
-    """Validate, prepare, write ``OUT/config.toml``, and (unless ``dry_run``) train."""
-    cfg.validate(nproc)
+def train(cfg: TrainConfig, nproc: int, dry_run: bool = False, nodes: Nodes | None = None) -> int:
+    """Validate, prepare, write ``OUT/config.toml``, and (unless ``dry_run``) train.
+    ``nodes``: this node's part of a multi-node job (:mod:`.nodes`); ``nproc`` is then the
+    workers on this node."""
+    if nodes:
+        nodes.validate()
+    cfg.validate(nproc * (nodes.nnodes if nodes else 1))
     check_runtime(cfg, nproc, this_host=not dry_run)
     prepare_data(cfg)
-    out = Path(cfg.out)
+    out, log_dir = Path(cfg.out), None
+    if nodes and not nodes.writes_out:  # node 0 writes OUT/config.toml; the others nothing there
+        out = nodes.private_dir()
+        log_dir = out / "torchrun"
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / "config.toml"
     cfg.save(config_path)
@@ -267,4 +282,4 @@ def train(cfg: TrainConfig, nproc: int, dry_run: bool = False) -> int:
         return 0
     from .calibrate.first_run import ensure_profile
     ensure_profile(cfg.hardware)  # the first run on a machine measures it (auto hardware)
-    return start_workers(cfg, config_path, nproc)
+    return start_workers(cfg, config_path, nproc, nodes, log_dir)

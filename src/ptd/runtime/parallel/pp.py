@@ -53,7 +53,7 @@ from ..model import Transformer
 def stage_layers(model: ModelSpec, plan: ParallelPlan) -> list[range]:
     """Block indices of every virtual stage, in stage order."""
     out, start = [], 0
-    for n in stage_split(model, plan.n_stages, plan.seq_len):
+    for n in stage_split(model, plan.n_stages, plan.seq_len, plan.uneven_stages):
         out.append(range(start, start + n))
         start += n
     return out

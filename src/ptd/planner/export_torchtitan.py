@@ -1,0 +1,150 @@
+"""The torchtitan 0.3.x export: a launch script that ``torchtitan.train`` parses as it is.
+
+torchtitan 0.3 reads no job file: ``--module llama3 --config llama3_8b`` picks a config
+function (``torchtitan/models/llama3/config_registry.py``), and ``--section.field value``
+flags plus one ``activation-checkpoint:{none,selective,full}`` subcommand override it
+(parsed by tyro in ``torchtitan.config.manager.ConfigManager``). Every flag written here
+is a field of ``torchtitan/config/configs.py`` (0.3.0); what has no field is written as a
+``# not expressible:`` comment and printed on stderr by ``ptd plan``.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from ..cost.estimate import Estimate
+from ..specs.config import TrainConfig
+from ..specs.plan import ParallelPlan
+
+# ptd preset -> torchtitan 0.3 config function of module llama3
+CONFIGS = {"llama3-8b": "llama3_8b", "llama3-70b": "llama3_70b", "llama3.1-405b": "llama3_405b"}
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+
+
+def schedule(p: ParallelPlan) -> str:
+    """torch.distributed.pipelining schedule name (torchtitan passes it to
+    ``get_schedule_class``)."""
+    if p.schedule == "zero-bubble":
+        return "ZBVZeroBubble" if p.stages_per_rank == 2 else "InterleavedZeroBubble"
+    return SCHEDULES[p.schedule]
+
+
+def model_parts(n_layers: int, split: tuple[int, ...]) -> list[list[str]]:
+    """Module names of each pipeline stage (virtual stages in order): ptd's exact split,
+    embeddings on the first, final norm and output head on the last."""
+    parts, start = [], 0
+    for i, n in enumerate(split):
+        names = [f"layers.{j}" for j in range(start, start + n)]
+        start += n
+        if i == 0:
+            names.insert(0, "tok_embeddings")
+        if i == len(split) - 1:
+            names += ["norm", "lm_head"]
+        parts.append(names)
+    assert start == n_layers
+    return parts
+
+
+def arguments(e: Estimate, split: tuple[int, ...], steps: int | None,
+              cfg: TrainConfig) -> tuple[list[str], list[str]]:
+    """``(argv after -m torchtitan.train, notes on what cannot be expressed)``."""
+    m, p, opt = e.model, e.plan, cfg.optim
+    notes: list[str] = []
+    config = CONFIGS.get(m.name)
+    if config is None:
+        config = "llama3_debugmodel"
+        notes.append(f"{m.name} has no torchtitan config function: written as llama3_debugmodel; "
+                     f"register one with dim={m.hidden}, n_layers={m.n_layers}, "
+                     f"n_heads={m.n_heads}, n_kv_heads={m.n_kv_heads}, ffn hidden="
+                     f"{m.ffn_hidden}, vocab_size={m.vocab_size}")
+        if m.mlp != "swiglu" or m.norm != "rmsnorm" or m.position != "rope":
+            notes.append(f"{m.name} is {m.mlp}/{m.norm}/{m.position}; torchtitan's llama3 is "
+                         f"SwiGLU/RMSNorm/RoPE")
+    if config == "llama3_405b":
+        notes.append("config llama3_405b converts linear layers to float8 and compiles the "
+                     "model; ptd planned plain bf16 matmuls (no CLI field removes the converter)")
+    a = ["--module", "llama3", "--config", config]
+
+    def f(name: str, value: object) -> None:
+        a.extend([f"--{name}", str(value)])
+
+    if p.zero == 0 and p.tp == 1 and p.pp == 1:
+        f("parallelism.data-parallel-replicate-degree", p.dp)
+        f("parallelism.data-parallel-shard-degree", 1)
+    else:
+        if p.zero == 0 and p.dp > 1:
+            notes.append("DDP (ZeRO 0) with tp/pp > 1 has no torchtitan setting: written as "
+                         "FSDP without resharding after forward")
+        if p.zero == 1 and p.dp > 1:
+            notes.append("ZeRO-1 has no torchtitan setting: written as FSDP without resharding "
+                         "after forward (ZeRO-2-like)")
+        f("parallelism.data-parallel-replicate-degree", 1)
+        f("parallelism.data-parallel-shard-degree", p.dp)
+        f("parallelism.fsdp-reshard-after-forward", "always" if p.zero == 3 else "never")
+    f("parallelism.tensor-parallel-degree", p.tp)
+    if p.tp > 1:
+        a.append("--parallelism.enable-sequence-parallel" if p.sp
+                 else "--parallelism.no-enable-sequence-parallel")
+    f("parallelism.pipeline-parallel-degree", p.pp)
+    if p.pp > 1:
+        f("parallelism.pipeline-parallel-schedule", schedule(p))
+        f("parallelism.pipeline-parallel-microbatch-size", p.micro_batch)
+        a.append("--parallelism.module-fqns-per-model-part")
+        a.extend(",".join(part) for part in model_parts(m.n_layers, split))
+        f("training.local-batch-size", p.global_batch // p.dp)
+        a.append("--training.disable-cuda-graphs")  # pipeline schedules run outside graphs
+    else:
+        f("training.local-batch-size", p.micro_batch)  # more is gradient accumulation
+    f("training.global-batch-size", p.global_batch)
+    f("training.seq-len", p.seq_len)
+    f("training.steps", steps or cfg.steps)
+    if p.dtype == "fp16":
+        notes.append("fp16 has no mixed_precision_param value: written as bfloat16")
+    f("training.mixed-precision-param", "float32" if p.dtype == "fp32" else "bfloat16")
+    a.append("--training.enable-cpu-offload" if p.offload else "--training.no-enable-cpu-offload")
+    f("training.max-norm", opt.grad_clip)
+    g = "optimizer.param-groups.0.optimizer-kwargs"
+    f(f"{g}.lr", opt.lr)
+    a.extend([f"--{g}.betas", str(opt.beta1), str(opt.beta2)])
+    f(f"{g}.eps", opt.eps)
+    f(f"{g}.weight-decay", opt.weight_decay)
+    f("lr-scheduler.warmup-steps", opt.warmup_steps)
+    f("lr-scheduler.decay-type", "cosine")
+    f("lr-scheduler.min-lr-factor", opt.min_lr_ratio)
+    f("debug.seed", cfg.seed)
+    if p.grad_compression != "none":
+        notes.append(f"gradient compression {p.grad_compression} has no torchtitan field")
+    if p.recompute == "selective":
+        notes.append("selective recompute is torchtitan's per-op SAC, which saves a different "
+                     "set of tensors than ptd's attention-core recompute")
+    a.append(f"activation-checkpoint:{p.recompute}")  # the subcommand comes last
+    return a, notes
+
+
+def script(e: Estimate, split: tuple[int, ...], steps: int | None, cfg: TrainConfig,
+           summary: str) -> tuple[str, list[str]]:
+    """The launch script and its notes."""
+    args, notes = arguments(e, split, steps, cfg)
+    c, p = e.cluster, e.plan
+    nproc = min(p.world_size, c.devices_per_node)
+    nnodes = p.world_size // nproc
+    head = ["#!/usr/bin/env bash",
+            f"# torchtitan 0.3.x launch exported by ptd plan -- {summary}",
+            f"# run on each of the {nnodes} node(s) with MASTER_ADDR/MASTER_PORT of the first"]
+    head += [f"# not expressible: {n}" for n in notes]
+    cmd = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+           "--rdzv-backend=c10d", '--rdzv-endpoint="${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}"',
+           "-m", "torchtitan.train"]
+    lines = [" ".join(cmd)] + _pairs(args)
+    return "\n".join(head) + "\nset -euo pipefail\n" + " \\\n  ".join(lines) + "\n", notes
+
+
+def _pairs(args: list[str]) -> list[str]:
+    """One flag with its values per line."""
+    out: list[str] = []
+    for t in args:
+        if t.startswith("--") or t.startswith("activation-checkpoint:") or not out:
+            out.append(shlex.quote(t))
+        else:
+            out[-1] += " " + shlex.quote(t)
+    return out

@@ -1,0 +1,111 @@
+"""ptd's memory figures held against the peers' own formulas, each written out here (not
+ptd's code): Hugging Face parameter counts, the ZeRO paper's model states, Megatron-LM's
+``theoretical_memory_usage`` (core_r0.19.0, megatron/training/theoretical_memory_usage.py).
+Korthikanti et al.'s activation table is pinned in tests/test_cost.py."""
+
+import pytest
+
+from ptd.cost import memory as M
+from ptd.cost import params as P
+from ptd.specs import ParallelPlan, get_preset
+
+GiB = 2**30
+
+# Parameter counts of the Hugging Face checkpoints (safetensors index total_size / bytes per
+# parameter; gpt2: 124,439,808 as transformers reports for GPT2LMHeadModel).
+HF_PARAMS = {
+    "gpt2": 124_439_808, "gpt2-355m": 354_823_168, "gpt2-774m": 774_030_080,
+    "gpt2-1.5b": 1_557_611_200, "llama2-7b": 6_738_415_616, "llama2-13b": 13_015_864_320,
+    "llama2-70b": 68_976_648_192, "llama3-8b": 8_030_261_248, "llama3-70b": 70_553_706_496,
+    "llama3.1-405b": 405_853_388_800, "mixtral-8x7b": 46_702_792_704,
+}
+
+
+@pytest.mark.parametrize("name", sorted(HF_PARAMS))
+def test_preset_parameter_counts_equal_hugging_face(name):
+    assert get_preset(name).param_count() == HF_PARAMS[name]
+
+
+def megatron_params(L, h, a, g, F, V, swiglu=True, rms=True, untied=True):
+    """Megatron-LM's compute_weight_and_optimizer_memory, dense model, one shard:
+    per layer 2 h^2 (1 + g/a) (attention) + 2 h F (3/2 if gated) (MLP) + 2 h n (norms,
+    n = 1 for RMSNorm, 2 with LayerNorm bias); + final norm n h; + embeddings h V (twice when
+    untied)."""
+    n = 1 if rms else 2
+    layer = 2 * h * h * (1 + g / a) + 2 * h * F * (1.5 if swiglu else 1) + 2 * h * n
+    return L * layer + n * h + (2 if untied else 1) * h * V
+
+
+@pytest.mark.parametrize("name,shape", [
+    ("llama2-7b", (32, 4096, 32, 32, 11008, 32000)),
+    ("llama3-8b", (32, 4096, 32, 8, 14336, 128256)),
+])
+def test_zero0_model_states_equal_megatron_theoretical_memory(name, shape):
+    # Megatron without the distributed optimizer: 18 bytes per parameter (bf16 weight, fp32
+    # gradient, fp32 master weight, two fp32 Adam moments). ptd's own convention holds the
+    # same: fp32 weight + fp32 gradient + 8 bytes of moments, and the bf16 compute copy
+    # counted in buffers.
+    m = get_preset(name)
+    n = megatron_params(*shape)
+    assert n == HF_PARAMS[name]
+    mem = M.memory(m, ParallelPlan(global_batch=1, seq_len=4096, dtype="bf16"))
+    assert mem.params + mem.grads + mem.optimizer + mem.buffers == 18 * n
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_zero_convention_counts_the_16_bit_weights_once(zero):
+    # ZeRO paper (Rajbhandari et al. 2020, sec. 3.1): mixed-precision Adam holds 2 + 2 + K
+    # (K = 12) bytes per parameter and nothing else per parameter; at dp 1 every stage is
+    # the baseline (2 + 2 + 12) Psi. Counting autocast's bf16 weight copy again in buffers
+    # added 2 Psi: 12.55 GiB for Llama-2-7B.
+    m = get_preset("llama2-7b")
+    psi = HF_PARAMS["llama2-7b"]
+    mem = M.memory(m, ParallelPlan(zero=zero, global_batch=1, seq_len=4096, dtype="bf16"),
+                   convention="zero")
+    assert mem.params + mem.grads + mem.optimizer == (2 + 2 + 12) * psi
+    assert mem.buffers == 0  # no other per-parameter buffer at dp 1, pp 1, ZeRO 0-2
+    ptd = M.memory(m, ParallelPlan(zero=zero, global_batch=1, seq_len=4096, dtype="bf16"))
+    assert ptd.buffers == 2 * psi and 2 * psi / GiB == pytest.approx(12.55, abs=0.01)
+
+
+@pytest.mark.parametrize("name,pp,split", [
+    ("llama3-70b", 4, (20, 20, 20, 20)),   # Megatron-LM and torchtitan: L / pp each
+    ("llama3-8b", 2, (16, 16)),
+    ("llama2-7b", 8, (4,) * 8),
+])
+def test_layers_split_evenly_when_they_divide(name, pp, split):
+    m = get_preset(name)
+    plan = ParallelPlan(pp=pp, global_batch=4 * pp, seq_len=4096, dtype="bf16")
+    assert P.layers_per_rank(m, plan) == split
+    # the cost-balanced split only when asked for: Llama 3's 128k-vocabulary output layer
+    # moves a layer off the last stage then (Llama 2's 32k one does not)
+    uneven = P.layers_per_rank(m, plan.replace(uneven_stages=True))
+    assert sum(uneven) == m.n_layers
+    assert (uneven[-1] < split[-1]) == name.startswith("llama3")
+
+
+def test_megatron_activation_formula_is_korthikanti_for_a_gpt_block():
+    # Korthikanti et al. 2022, Table 2: sequence parallel + selective recompute keeps
+    # 34 s b h / t bytes per layer; Megatron writes it 18 + 4 F / h with F = 4h. Plus its
+    # embedding dropout mask (8 s b p) and output (s b h p), and without a pipeline the
+    # output layer's 4 s b h (1 + V / h); all over t.
+    from ptd.cost.megatron_memory import megatron_activation_bytes
+    s, b, h, L, V, t = 2048, 4, 6144, 40, 51200, 8
+    m = get_preset("gpt2").replace(n_layers=L, hidden=h, n_heads=48, n_kv_heads=48,
+                                   ffn_hidden=4 * h, vocab_size=V, max_seq_len=s)
+    plan = ParallelPlan(tp=t, sp=True, recompute="selective", micro_batch=b, global_batch=b,
+                        seq_len=s, dtype="bf16")
+    want = (34 * s * b * h * L + 8 * s * b + s * b * h + 4 * s * b * h * (1 + V / h)) / t
+    assert megatron_activation_bytes(m, plan) == pytest.approx(want, rel=1e-12)
+
+
+def test_estimate_names_its_convention_and_splits_405b_on_pp16(ptd_cli):
+    rc, out, err = ptd_cli("estimate", "--model", "llama3.1-405b", "--hardware", "h100-sxm",
+                           "--gpus", "2048", "--tp", "8", "--pp", "16", "--global-batch", "2048",
+                           "--seq-len", "8192", "--schedule", "1f1b", "--vpp", "1")
+    assert rc == 0, err
+    chosen = next(l for l in out.splitlines() if l.startswith("chosen:"))
+    # 126 layers on 16 stages: split by cost as ptd plan does, stated (not refused)
+    assert "uneven_stages=True" in chosen and "layers per pipeline rank=7/" + "8/" * 14 + "7" in chosen
+    assert "ptd's count, tensor by tensor (swiglu MLP unfused)" in out
+    assert "Megatron-LM's formula" in out

@@ -102,3 +102,31 @@ def test_a_measured_run_replaces_no_method(tmp_path, monkeypatch):
     b = m["breakdown"]
     assert b["forward"] > 0 and b["backward"] > 0 and b["optimizer"] > 0 and b["data"] > 0
     assert m["memory"]["activations"] > 0
+
+
+def test_spans_wait_for_the_device_only_while_the_probe_profiles_on_a_gpu(monkeypatch):
+    # CUDA kernels run after the host issues them: a span must wait for them before it
+    # closes, or its time lands in whichever later span synchronises. Here the device is a
+    # stand-in that records when it is synchronised relative to the span's body.
+    import torch
+
+    from ptd.runtime.measure import spans
+    events = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: events.append("sync"))
+    spans.set_device_sync(True)
+    try:
+        with spans.span("ptd:backward"):
+            events.append("body")
+        assert events == ["body", "sync"]
+    finally:
+        spans.set_device_sync(False)
+    with spans.span("ptd:backward"):
+        events.append("body")
+    assert events == ["body", "sync", "body"]  # off outside the profiled steps
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    spans.set_device_sync(True)  # no CUDA: never on
+    with spans.span("ptd:forward"):
+        pass
+    assert events == ["body", "sync", "body"]
+    spans.set_device_sync(False)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.profiler import record_function
+from .measure.spans import span
 from torch.utils.checkpoint import checkpoint
 
 from ..specs import ModelSpec
@@ -102,7 +102,7 @@ class Attention(nn.Module):
                       rope: Rope) -> torch.Tensor:
         if not self.span:
             return self._core(q, k, v, rope)
-        with record_function("ptd:block"):  # recomputed (selective) inside it too
+        with span("ptd:block"):  # recomputed (selective) inside it too
             return self._core(q, k, v, rope)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: Rope) -> torch.Tensor:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.profiler import record_function
+from .measure.spans import span
 from torch.utils.checkpoint import checkpoint
 
 from ..specs import ModelSpec
@@ -59,7 +59,7 @@ class Block(nn.Module):
         # too: that is how the measured timeline tells recompute from backward.
         if not self.span:
             return self._forward(x, rope)
-        with record_function("ptd:block"):
+        with span("ptd:block"):
             return self._forward(x, rope)
 
     def _forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:

@@ -31,7 +31,7 @@ from typing import Any, Callable, ContextManager, Protocol, Sequence
 
 import torch
 from torch import nn
-from torch.autograd.profiler import record_function
+from .measure.spans import span
 from torch.distributed.tensor import DTensor
 
 from .data import MicroBatch
@@ -83,13 +83,13 @@ class AccumulationRunner:
         self.grad_sync = grad_sync
 
     def forward(self, mb: MicroBatch, step_tokens: int) -> torch.Tensor:
-        with record_function("ptd:forward"):
+        with span("ptd:forward"):
             with self.precision.autocast():
                 logits = self.model(mb.inputs)
             return lm_loss_sum(logits, mb.targets) / step_tokens
 
     def backward(self, loss: torch.Tensor) -> None:
-        with record_function("ptd:backward"):
+        with span("ptd:backward"):
             self.precision.backward(loss)
 
     def forward_backward(self, micro_batches: Sequence[MicroBatch]) -> torch.Tensor:
@@ -102,7 +102,7 @@ class AccumulationRunner:
                 self.backward(loss)
             total += plain(loss.detach())
         if self.grad_sync is not None:
-            with record_function("ptd:grad_sync"):
+            with span("ptd:grad_sync"):
                 self.grad_sync()
         return total
 
@@ -147,7 +147,7 @@ class PipelineRunner:
         return lm_loss_sum(output, targets) / self.step_tokens
 
     def _schedule_loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        with record_function("ptd:forward"):  # the last stage's forward ends with the loss
+        with span("ptd:forward"):  # the last stage's forward ends with the loss
             return self.loss_fn(output, targets)
 
     @staticmethod
@@ -162,10 +162,10 @@ class PipelineRunner:
         args = (torch.cat([mb.inputs for mb in micro_batches]),) if self.first else ()
         target = torch.cat([mb.targets for mb in micro_batches]) if self.reports_loss else None
         losses: list[torch.Tensor] = []
-        with self.loss_context(), self.precision.autocast(), record_function("ptd:schedule"):
+        with self.loss_context(), self.precision.autocast(), span("ptd:schedule"):
             self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
         if self.grad_sync is not None:
-            with record_function("ptd:grad_sync"):
+            with span("ptd:grad_sync"):
                 self.grad_sync()
         return self._sum(losses, micro_batches[0].inputs.device)
 

@@ -35,7 +35,8 @@ import time
 from typing import Any, Iterator
 
 import torch
-from torch.autograd.profiler import record_function
+from .spans import set_device_sync
+from .spans import span as ptd_span
 
 from .memory import ActivationTracker, grads_of, model_state_bytes
 from .timeline import Span, analyse_step, mean_breakdown
@@ -213,7 +214,7 @@ class Probe:
     @contextlib.contextmanager
     def _timed(self, span: str, key: str) -> Iterator[None]:
         t0 = time.perf_counter()
-        with record_function(span):
+        with ptd_span(span):
             yield
         self.timer[key] = self.timer.get(key, 0.0) + time.perf_counter() - t0
 
@@ -252,7 +253,7 @@ class Probe:
         if step in self.profile_range and self._prof is None:
             self._start_profiler()
         t0 = time.perf_counter()
-        with record_function("ptd:step"):
+        with ptd_span("ptd:step"):
             yield
         dt = time.perf_counter() - t0
         self._tracker = None
@@ -278,11 +279,13 @@ class Probe:
         acts = [ProfilerActivity.CPU]
         if self.dims.device.type == "cuda":
             acts.append(ProfilerActivity.CUDA)
+            set_device_sync(True)  # spans hold their own kernels' time (see .spans)
         self._prof = profile(activities=acts, record_shapes=False, with_stack=False)
         with _quiet_stderr():
             self._prof.__enter__()
 
     def _stop_profiler(self) -> None:
+        set_device_sync(False)
         t0 = time.perf_counter()
         with _quiet_stderr():
             self._prof.__exit__(None, None, None)

@@ -130,20 +130,20 @@ def _spanned_stage_class() -> type:
     measured timeline tells a stage's compute from its wait for a neighbour (the bubble) by
     them, and torch 2.13's pipelining has no hook around these calls, so the schedules' own
     calls of these (public) methods are overridden here."""
-    from torch.autograd.profiler import record_function
+    from ..measure.spans import span
     from torch.distributed.pipelining import PipelineStage
 
     class SpannedStage(PipelineStage):
         def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-            with record_function("ptd:forward"):
+            with span("ptd:forward"):
                 return super().forward_one_chunk(*args, **kwargs)
 
         def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-            with record_function("ptd:backward"):
+            with span("ptd:backward"):
                 return super().backward_one_chunk(*args, **kwargs)
 
         def backward_weight_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-            with record_function("ptd:backward_w"):
+            with span("ptd:backward_w"):
                 return super().backward_weight_one_chunk(*args, **kwargs)
     return SpannedStage
 

@@ -40,7 +40,7 @@ class Starts:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, cfg, config_path, nproc):
+    def __call__(self, cfg, config_path, nproc, nodes=None, log_dir=None):
         self.calls.append((cfg, nproc))
         return 0
 

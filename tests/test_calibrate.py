@@ -124,7 +124,7 @@ def test_bad_input_is_one_line_and_exit_2(ptd_cli, argv, tmp_path, monkeypatch):
     monkeypatch.setenv("PTD_HOME", str(tmp_path))
     rc, out, err = ptd_cli("calibrate", *argv)
     assert rc == 2 and out == ""
-    assert err.startswith("ptd: error:") and err.count("\n") == 1
+    assert err.startswith("ptd calibrate: error:") and err.count("\n") == 1
     assert not (tmp_path / "hardware").exists()
 
 

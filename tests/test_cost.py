@@ -286,7 +286,7 @@ def test_estimate_is_fast():
 ])
 def test_estimate_bad_input(ptd_cli, argv):
     rc, out, err = ptd_cli(*argv)
-    assert rc == 2 and err.count("\n") == 1 and err.startswith("ptd: error:"), err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith(f"ptd {argv[0]}: error:"), err
 
 
 def test_blocking_wait_is_paid_once_per_tensor_parallel_collective():

@@ -69,7 +69,7 @@ def check(capfd, starts, out: Path, *argv) -> int:
     err = captured.err
     assert "Traceback" not in err and "Traceback" not in captured.out, err
     if rc == 2:
-        assert err.count("\n") == 1 and err.startswith("ptd: error: "), (argv, err)
+        assert err.count("\n") == 1 and re.match(r"ptd( \w+)?: error: ", err), (argv, err)
         assert len(starts.calls) == before, "refused input started the workers"
         assert not out.exists(), f"refused input wrote {out}"
     else:

@@ -300,7 +300,7 @@ def test_plan_fix_and_objective(ptd_cli):
 ])
 def test_plan_bad_input(ptd_cli, argv):
     rc, out, err = ptd_cli(*argv)
-    assert rc == 2 and err.count("\n") == 1 and err.startswith("ptd: error:"), err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith(f"ptd {argv[0]}: error:"), err
 
 
 def test_run_refuses_other_exports(ptd_cli):

@@ -88,8 +88,12 @@ def run_one(out: Path, common: list[str], flags: list[str], timeout: float) -> d
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "ptd", "train", *common, *flags, "--out", str(out)]
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    except subprocess.TimeoutExpired:  # a failed row, not a crash of the whole bench
+        return {"error": f"timed out after {timeout:g} s (--run-timeout)",
+                "wall_s": time.perf_counter() - t0}
     wall = time.perf_counter() - t0
     (out / "bench.log").write_text(r.stdout + "\n" + r.stderr)
     if r.returncode != 0 or not (out / "summary.json").is_file():

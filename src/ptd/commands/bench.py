@@ -31,6 +31,8 @@ def _strategies(s: str) -> list[str]:
     bad = [x for x in v if x not in STRATEGIES]
     if bad or not v:
         raise argparse.ArgumentTypeError(f"strategies are {', '.join(STRATEGIES)}; got {s!r}")
+    if len(set(v)) != len(v):
+        raise argparse.ArgumentTypeError(f"a strategy is named twice in {s!r}")
     return v
 
 
@@ -73,6 +75,8 @@ def run(a: argparse.Namespace) -> int:
         raise PtdError("--workers must include 1 (the baseline of the speedups)")
     from ..specs import load_model
     load_model(a.model)  # validate before anything runs
+    from .. import flagcheck
+    flagcheck.bench(a)  # --run-timeout, writable --out, hardware of this host
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -175,4 +175,6 @@ def resolve(a: argparse.Namespace):  # -> tuple[TrainConfig, int]
 def run(a: argparse.Namespace) -> int:
     from ..runtime.launch import train
     cfg, nproc = resolve(a)
+    from .. import flagcheck
+    flagcheck.train(a, cfg)  # flags that would be ignored or cannot hold on this host
     return train(cfg, nproc, dry_run=a.dry_run)

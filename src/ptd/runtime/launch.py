@@ -216,7 +216,7 @@ def start_workers(cfg: TrainConfig, config_path: Path, nproc: int) -> int:
         else:
             detail = ("no worker left an error file (killed by a signal?); see the elastic "
                       "agent's report above")
-        print(f"ptd: error: training failed (exit code {rc}); {detail}", file=sys.stderr)
+        print(f"ptd train: error: training failed (exit code {rc}); {detail}", file=sys.stderr)
         return rc if rc > 0 else 1
     return stopped(cfg)
 
@@ -229,20 +229,26 @@ def stopped(cfg: TrainConfig) -> int:
         return 0
     if status == "ok":
         return 0
-    print(f"ptd: error: training {status}", file=sys.stderr)
+    print(f"ptd train: error: training {status}", file=sys.stderr)
     return 1
 
 
 def train(cfg: TrainConfig, nproc: int, dry_run: bool = False) -> int:
     """Validate, prepare, write ``OUT/config.toml``, and (unless ``dry_run``) train."""
+    from ..safeio import run_lock
+    from .preflight import preflight
     cfg.validate(nproc)
     check_runtime(cfg, nproc, this_host=not dry_run)
+    done = preflight(cfg, nproc, dry_run)  # hardware, writable paths, memory, final step
+    if done and not dry_run:
+        print(done)
+        return 0
     prepare_data(cfg)
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    config_path = out / "config.toml"
-    cfg.save(config_path)
-    if dry_run:
-        print(f"ptd: wrote {config_path} ({cfg.plan.describe()}, {nproc} worker(s)); not training")
-        return 0
-    return start_workers(cfg, config_path, nproc)
+    with run_lock(out):  # a second ptd train into the same folder is refused, naming us
+        config_path = out / "config.toml"
+        cfg.save(config_path)
+        if dry_run:
+            print(f"ptd: wrote {config_path} ({cfg.plan.describe()}, {nproc} worker(s)); not training")
+            return 0
+        return start_workers(cfg, config_path, nproc)

@@ -88,8 +88,8 @@ def preflight(cfg: TrainConfig, nproc: int, dry_run: bool) -> str | None:
         problem = wrong_hardware(hw, gpus)
         if problem:
             raise PtdError(problem)
-        if not gpus:
-            check_memory(cfg, nproc, hw)
+    if not gpus and hw.kind == "cpu":  # a dry run may be for several hosts: one worker's share
+        check_memory(cfg, 1 if dry_run else nproc, hw)
     check_writable(cfg.out, "--out")
     if cfg.checkpoint.dir:
         check_writable(cfg.checkpoint.dir, "--checkpoint-dir")

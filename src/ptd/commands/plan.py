@@ -167,7 +167,8 @@ def try_plans(a: argparse.Namespace, res, opts) -> int:  # type: ignore[no-untyp
                          repeats=a.repeats, timeout=a.run_timeout, options=opts, log=log)
     v = trial.verdict(cands, a.tolerance)
     tj = trial.to_json(cands, v, a.repeats, wall)
-    (out / "try.json").write_text(json.dumps(tj, indent=2, default=str) + "\n")
+    from ..safeio import dumps_strict
+    (out / "try.json").write_text(dumps_strict(tj, indent=2, default=str) + "\n")
     if a.json:
         emit_json({**to_json(res, a.try_k, None, None, None, None), "try": tj})
     else:

@@ -84,7 +84,10 @@ TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "I
 
 def export(e: Estimate, fmt: str, *, hardware: str = "", steps: int | None = None,
            out: str | None = None, options: CostOptions = CostOptions()) -> str:
-    """The text of the export (TOML, argument lines or JSON)."""
+    """The text of the export (TOML, argument lines or JSON). A plan ``ptd train`` would
+    refuse is refused here too, whatever the format (one validator)."""
+    from .search import runtime_refuses
+    runtime_refuses(e.model, e.plan)
     if fmt == "ptd":
         return to_ptd(e, hardware or e.cluster.hardware.name, steps, out)
     if fmt == "torchtitan":

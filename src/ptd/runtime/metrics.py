@@ -102,7 +102,8 @@ class RunLog:
         self.records.append(rec)
         if not self.enabled:
             return
-        self._file.write(json.dumps(rec) + "\n")
+        from ..safeio import dumps_strict  # NaN/inf -> null + reason: every line is JSON
+        self._file.write(dumps_strict(rec) + "\n")
         self._file.flush()
         if self._tb is not None:
             for k, v in rec.items():
@@ -121,7 +122,8 @@ class RunLog:
             return
         self._bar.close()
         self._file.close()
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        from ..safeio import atomic_write_text, dumps_strict
+        atomic_write_text(self.out / "summary.json", dumps_strict(summary, indent=2) + "\n")
         if self._tb is not None:
             self._summary_to_tensorboard(summary)
         print(final_words(summary), flush=True)

@@ -157,6 +157,7 @@ def fork_workers(cfg: TrainConfig, config_path: Path, nproc: int, log_dir: Path)
     thread (its imports start none). CPU only: a forked CUDA context is unusable, so GPU
     hosts keep torchrun. Nothing runs a torch op before the fork (a forked OpenMP pool would
     hang the workers)."""
+    from .interrupt import Forward
     saved = dict(os.environ)
     os.environ.update(worker_env(cfg))  # before torch is imported: its thread pools read it
     try:
@@ -179,9 +180,11 @@ def fork_workers(cfg: TrainConfig, config_path: Path, nproc: int, log_dir: Path)
                               run_id=str(uuid.uuid4()), rdzv_backend="c10d",
                               rdzv_endpoint="localhost:0", max_restarts=cfg.max_restarts,
                               monitor_interval=0.1, start_method="forkserver",
+                              signals_to_handle=Forward.SIGNALS,  # Ctrl-C: interrupt.py
                               logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)))
         try:
-            elastic_launch(config, worker.main)([str(config_path)])
+            with Forward():
+                elastic_launch(config, worker.main)([str(config_path)])
         except ChildFailedError:
             return 1
         except SignalException as e:  # the agent stopped the workers first, as torchrun does
@@ -205,6 +208,8 @@ def start_workers(cfg: TrainConfig, config_path: Path, nproc: int) -> int:
     else:
         cmd = torchrun_command(config_path, nproc, cfg.max_restarts, log_dir)
         rc = subprocess.run(cmd, env=worker_env(cfg)).returncode
+    if rc == 128 + 2:  # Ctrl-C: the workers finished their step and saved (interrupt.py)
+        return stopped(cfg, interrupted=True)
     if rc != 0:
         failures = failed_workers(log_dir)
         if failures:
@@ -218,12 +223,17 @@ def start_workers(cfg: TrainConfig, config_path: Path, nproc: int) -> int:
     return stopped(cfg)
 
 
-def stopped(cfg: TrainConfig) -> int:
-    """1 with the reason if the workers stopped the run on purpose (a non-finite loss)."""
+def stopped(cfg: TrainConfig, interrupted: bool = False) -> int:
+    """1 with the reason if the workers stopped the run on purpose (a non-finite loss);
+    130 with the step if Ctrl-C stopped it."""
     try:
         status = json.loads((Path(cfg.out) / "summary.json").read_text()).get("status", "ok")
     except (OSError, ValueError):
-        return 0
+        status = "interrupted (no summary written)" if interrupted else "ok"
+    if status.startswith("interrupted"):
+        print(f"ptd train: {status} (Ctrl-C); ptd train --resume {cfg.out} continues it",
+              file=sys.stderr)
+        return 130
     if status == "ok":
         return 0
     print(f"ptd train: error: training {status}", file=sys.stderr)

@@ -138,6 +138,8 @@ class Trainer:
                 break
             for hook in self.after_step:
                 hook(self, rec)
+            if getattr(self, "stop_requested", False):  # Ctrl-C, agreed by every rank
+                break
         if ran and skipped == ran and self.status == "ok":  # --on-nan skip: nothing learned
             self.status = (f"failed: every one of the {ran} step(s) had a non-finite loss or "
                            f"gradient and was skipped (--on-nan skip); no update was applied")

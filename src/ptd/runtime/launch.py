@@ -215,6 +215,8 @@ def start_workers(cfg: TrainConfig, config_path: Path, nproc: int) -> int:
         if failures:
             more = f" (and {len(failures) - 1} later)" if len(failures) > 1 else ""
             detail = f"earliest worker error: {failures[0]}{more}"
+            if "No space left on device" in failures[0] or "disk full" in failures[0]:
+                detail = "disk full: " + detail
         else:
             detail = ("no worker left an error file (killed by a signal?); see the elastic "
                       "agent's report above")

@@ -113,6 +113,11 @@ class RunLog:
                               refresh=False)
         self._bar.update(rec["step"] - self._bar.n)
 
+    def abort(self) -> None:
+        """End the progress bar's line, so that an error printed next starts its own."""
+        if self.enabled and getattr(self, "_bar", None) is not None:
+            self._bar.close()
+
     def note(self, message: str) -> None:
         if self.enabled:
             self._bar.write(message, file=sys.stderr)

@@ -93,6 +93,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     start = time.perf_counter()
     torch.set_num_threads(cfg.threads)
     dims = init_distributed(cfg.plan, cfg.timeout_s)
+    trainer = None
     try:
         cfg.validate(dims.world_size)
         trainer = build_trainer(cfg, dims)
@@ -121,6 +122,10 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         if dims.is_main and "measured" in summary:
             print(comparison_table(summary), flush=True)
         return summary
+    except BaseException:
+        if trainer is not None:
+            trainer.log.abort()  # the error line must not share the progress bar's line
+        raise
     finally:
         shutdown()
 

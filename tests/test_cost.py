@@ -267,12 +267,8 @@ def test_estimate_table_and_fixed_knobs(ptd_cli):
     assert "zero=" not in chosen and "micro_batch=" not in chosen and "recompute=" not in chosen
 
 
-def test_estimate_is_fast():
-    m = get_preset("llama3-70b")
-    c = ClusterSpec(load_hardware("h100-sxm"), 64)
-    t = time.perf_counter()
-    choose(m, c, ParallelPlan(dp=2, tp=8, pp=4, global_batch=512, seq_len=8192, dtype="bf16"), FREE_KNOBS)
-    assert time.perf_counter() - t < 3.0  # ~0.4 s here; generous for a noisy shared machine
+# (the speed of choose() is measured by benchmarks/speed.py, not asserted here: an absolute
+# time limit fails on a loaded machine and passes a slow regression on a fast one)
 
 
 @pytest.mark.parametrize("argv", [

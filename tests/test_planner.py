@@ -230,12 +230,12 @@ def test_never_worse_than_llama3_405b_layout(llama405):
     assert match and match[0].step.total == published.step.total
 
 
-def test_405b_search_is_fast_and_counts_plans(llama405):
+def test_405b_search_counts_plans(llama405):
+    # (its speed is measured by benchmarks/speed.py, not asserted: no absolute wall time here)
     t = time.perf_counter()
     r = search(llama405.model, llama405.cluster, 2048, 8192)
     wall = time.perf_counter() - t
-    # ~0.3 s on this 2-core machine when idle; generous for a shared, loaded one
-    assert wall < 6.0 and r.elapsed_s <= wall
+    assert r.elapsed_s <= wall  # the reported search time is part of the call's
     assert r.plans_considered == llama405.plans_considered > 10_000
 
 

@@ -13,6 +13,7 @@ from ptd.cost.params import layers_per_rank
 from ptd.planner import export as X
 from ptd.planner.search import search
 from ptd.specs import ClusterSpec, get_preset, load_config, load_hardware
+from ptd.errors import PtdError
 
 # ---------------------------------------------------------------- torchtitan
 # torchtitan/config/job_config.py (pytorch/torchtitan, commit 000204a4a8bf), the dataclasses
@@ -280,7 +281,7 @@ def test_cli_export(ptd_cli, tmp_path):
     rc, out, _ = ptd_cli(*argv, "--export", "deepspeed", "--json")
     d = json.loads(out)
     assert d["export"]["format"] == "deepspeed" and json.loads(d["export"]["text"])["ds_config"]
-    with pytest.raises(Exception):
+    with pytest.raises(PtdError, match="unknown export format 'jax'"):
         X.export(plans_first(), "jax")
 
 

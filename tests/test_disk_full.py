@@ -45,3 +45,23 @@ def test_full_disk_during_a_checkpoint(tmp_path, monkeypatch, capfd):
     assert ckpts == ["step_00000002"], ckpts  # no partial step 4 left behind
     from ptd.runtime.checkpoint.restore import validate
     assert validate(out / "checkpoints" / "step_00000002", deep=True).step == 2
+
+
+@pytest.mark.timeout(120)
+def test_resume_at_the_final_step_says_so_and_exits_0(tmp_path, monkeypatch, capfd):
+    # before: ZeroDivisionError in the comparison after "training" zero steps
+    monkeypatch.setenv("PTD_HOME", str(tmp_path / "home"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text((ROOT / "README.md").read_text())
+    out = tmp_path / "run"
+    argv = ["train", "--model", "tiny", "--nproc", "1", "--steps", "2", "--global-batch", "4",
+            "--micro-batch", "4", "--seq-len", "32", "--warmup", "1", "--checkpoint-every", "2",
+            "--data", str(corpus), "--out", str(out), "--profile-steps", "0", "--memory-step", "0"]
+    assert main(argv) == 0
+    summary = (out / "summary.json").read_text()
+    capfd.readouterr()
+    assert main(["train", "--resume", str(out), "--out", str(out)]) == 0
+    said = capfd.readouterr()
+    assert re.search(r"checkpoint \S+step_00000002 is at step 2, the run's final step is 2: "
+                     r"nothing to train", said.out), said
+    assert (out / "summary.json").read_text() == summary  # nothing was rewritten

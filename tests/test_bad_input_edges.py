@@ -240,3 +240,16 @@ def test_json_safe_replaces_non_finite_with_null_and_a_reason(capsys):
                     "c": {"d": None, "d_null_reason": "not finite: -inf"}, "e": 2.5}
     emit_json(obj)
     assert json.loads(capsys.readouterr().out) == back
+
+
+def test_report_never_overwrites_a_runs_own_file(capfd, home):
+    run = home / "run"
+    run.mkdir()
+    (run / "summary.json").write_text('{"status": "ok", "steps": 1}')
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n')
+    refused(capfd, "report", run, "--out", run / "summary.json",
+            match=r"summary.json' exists; it was not written by this command \(pass --force")
+    assert (run / "summary.json").read_text() == '{"status": "ok", "steps": 1}'
+    assert main(["report", str(run)]) == 0  # its own report.html, twice: allowed
+    assert main(["report", str(run)]) == 0
+    assert (run / "report.html").read_text().startswith("<!DOCTYPE html>")

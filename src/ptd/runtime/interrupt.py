@@ -65,8 +65,9 @@ class Interrupt:
             return mine
         import torch
         import torch.distributed as dist
-        flag = torch.tensor([1 if mine else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # gloo default group on CPU
+        # on the default group's device (NCCL takes no CPU tensor)
+        flag = torch.tensor([1 if mine else 0], dtype=torch.int32, device=self.dims.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
     def after_step(self, trainer: Any, rec: dict[str, Any]) -> None:

@@ -65,3 +65,28 @@ def test_resume_at_the_final_step_says_so_and_exits_0(tmp_path, monkeypatch, cap
     assert re.search(r"checkpoint \S+step_00000002 is at step 2, the run's final step is 2: "
                      r"nothing to train", said.out), said
     assert (out / "summary.json").read_text() == summary  # nothing was rewritten
+
+
+@pytest.mark.timeout(120)
+def test_every_step_skipped_fails_and_metrics_stay_json(tmp_path, monkeypatch, capfd):
+    # --on-nan skip with a non-finite loss at every step: before, exit 0 and "NaN" in
+    # metrics.jsonl (not JSON)
+    import json
+    monkeypatch.setenv("PTD_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PTD_FAULT", "nan:rank=*:step=1,nan:rank=*:step=2")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text((ROOT / "README.md").read_text())
+    out = tmp_path / "run"
+    rc = main(["train", "--model", "tiny", "--nproc", "1", "--steps", "2", "--global-batch", "4",
+               "--micro-batch", "4", "--seq-len", "32", "--warmup", "1", "--on-nan", "skip",
+               "--data", str(corpus), "--out", str(out), "--profile-steps", "0",
+               "--memory-step", "0"])
+    err = capfd.readouterr().err
+    assert rc == 1, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith(
+        "ptd train: error: training failed: every one of the 2 step(s)"), err[-1000:]
+    strict = dict(parse_constant=lambda c: pytest.fail(f"{c} in metrics.jsonl"))
+    recs = [json.loads(x, **strict) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in recs] == [None, None]
+    assert all(r["loss_null_reason"] == "not finite: nan" for r in recs)
+    json.loads((out / "summary.json").read_text(), **strict)

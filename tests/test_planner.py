@@ -249,6 +249,15 @@ ARGS_TINY = ["plan", "--model", "tiny", "--hardware", "cpu", "--gpus", "4", "--s
 def test_plan_table(ptd_cli):
     rc, out, _ = ptd_cli(*ARGS_405, "--top", "3", "--tokens", "15e12")
     assert rc == 0
+    # 16384 = 2^14 devices: layouts tp = 2^a, pp = 2^b with a + b <= 14: 15*16/2 = 120.
+    # Plans, counted over the layouts the search does not reject first (tp <= 8 inside a
+    # node; pp <= 126 layers, so b <= 6; dp = 2^(14-a-b) divides the batch 2048 = 2^11, so
+    # a + b >= 3): schedules S(pp) x micro-batches (divisors of 2^(a+b-3): a+b-2 of them)
+    # x zero (4) x sp (1 if tp = 1 else 2) x recompute (3). S(1) = 1; for pp > 1, gpipe,
+    # 1f1b and ZB-V, interleaved vpp v in 2..126/pp with 126 % (pp v) == 0 or v <= 8, and
+    # zero-bubble for those v > 2: S(2) = 3+10+9 = 22 (v in 2..9, 21, 63), S(4) = S(8) =
+    # 3+7+6 = 16, S(16) = 3+6+5 = 14, S(32) = 3+2+1 = 6, S(64) = 3. The sum over
+    # a in 0..3, b in 0..6, a+b >= 3 of S(2^b) (a+b-2) 4 sp(a) 3 is 15744.
     assert "searched 15744 plans in 120 layouts" in out
     for s in ("top 3 of", "memory/device", "step time", "tokens/s", "MFU", "time to train 15 T tok",
               "Pareto front", "rejected", "tp crosses nodes [layouts]", "does not fit in memory"):

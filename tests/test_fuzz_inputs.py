@@ -1,6 +1,6 @@
 """Property-based tests of bad input (hypothesis): whatever plan, TOML config or command line
 ``ptd train`` is given, it either accepts it (and would start the workers) or prints one line
-``ptd: error: ...`` and exits with code 2 -- never a traceback, never a started worker, never
+``ptd <cmd>: error: ...`` and exits with code 2 -- never a traceback, never a started worker, never
 an output folder for refused input. The same for ``ptd estimate`` (plans) and ``ptd export``.
 """
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ptd.bench.scaling import _fit_p, _speedups, layout
+from ptd.bench.scaling import _speedups, amdahl_fit, layout
 
 pytestmark = pytest.mark.dist
 
@@ -20,7 +20,7 @@ def test_speedup_and_amdahl_from_step_times():
     assert s == {1: 1.0, 2: pytest.approx(1 / 0.6), 4: pytest.approx(2.5)}
     # exact Amdahl data with P = 0.8 gives P back
     amdahl = {n: 1 / ((1 - 0.8) + 0.8 / n) for n in (1, 2, 4)}
-    assert _fit_p(amdahl) == pytest.approx(0.8, abs=1e-6)
+    assert amdahl_fit(amdahl)[0] == pytest.approx(0.8, abs=1e-6)
 
 
 def test_strategy_layouts():

@@ -124,7 +124,7 @@ def test_bad_input_is_one_line_and_exit_2(ptd_cli, argv, tmp_path, monkeypatch):
     monkeypatch.setenv("PTD_HOME", str(tmp_path))
     rc, out, err = ptd_cli("calibrate", *argv)
     assert rc == 2 and out == ""
-    assert err.startswith("ptd: error:") and err.count("\n") == 1
+    assert err.startswith("ptd calibrate: error:") and err.count("\n") == 1
     assert not (tmp_path / "hardware").exists()
 
 
@@ -173,12 +173,12 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
     # workers at once: the chunks were timed, longer with more matmuls
     assert set(hw.blocking_wait_measured) == {2}
     pts = hw.blocking_wait_measured[2]
-    assert len(pts) == 3 and pts[0][0] < 0.1 * pts[1][0] and pts[1][0] < pts[2][0] < 1.0
-    assert all(0 <= w < 0.05 for _, w in pts)
+    assert len(pts) == 3 and pts[0][0] < 0.1 * pts[1][0] and pts[1][0] < pts[2][0]
+    assert all(0 <= w and math.isfinite(w) for _, w in pts)  # (no absolute bound in seconds)
     assert "blocking_collective" not in hw.overheads_measured
     meta = out["meta"]
     assert meta["workers"] == [1, 2] and meta["quick"] is True
-    assert meta["seconds"] < 120
+    assert meta["seconds"] > 0  # (how long: benchmarks, not an assertion in seconds)
 
 
 @pytest.mark.dist

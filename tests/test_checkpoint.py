@@ -215,7 +215,7 @@ def test_resuming_another_run_is_refused_in_one_line(run_dir, tmp_path, capfd, n
     out = tmp_path / "out"
     rc = cli("train", "--resume", run_dir, *flags, "--out", out)
     err = capfd.readouterr().err
-    assert rc == 2 and err.count("\n") == 1 and err.startswith("ptd: error: ") and "Traceback" not in err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("ptd train: error: ") and "Traceback" not in err
     assert re.search(match, err), err
     assert not out.exists()
 

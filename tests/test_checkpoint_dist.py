@@ -158,7 +158,7 @@ def test_nan_loss_stops_the_run_and_is_never_checkpointed(home, tmp_path):
               "--max-restarts", "1", home=home, env={"PTD_FAULT": "nan:rank=1:step=3"})
     assert r.returncode == 1
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("ptd: error: training stopped: non-finite loss (nan / nan) at step 3"), last
+    assert last.startswith("ptd train: error: training stopped: non-finite loss (nan / nan) at step 3"), last
     assert "resumed" not in r.stderr  # a NaN is not a failure torchrun restarts
     assert checkpoints(out) == ["step_00000002"]
     recs = records(out)

@@ -268,12 +268,8 @@ def test_estimate_table_and_fixed_knobs(ptd_cli):
     assert "zero=" not in chosen and "micro_batch=" not in chosen and "recompute=" not in chosen
 
 
-def test_estimate_is_fast():
-    m = get_preset("llama3-70b")
-    c = ClusterSpec(load_hardware("h100-sxm"), 64)
-    t = time.perf_counter()
-    choose(m, c, ParallelPlan(dp=2, tp=8, pp=4, global_batch=512, seq_len=8192, dtype="bf16"), FREE_KNOBS)
-    assert time.perf_counter() - t < 3.0  # ~0.4 s here; generous for a noisy shared machine
+# (the speed of choose() is measured by benchmarks/speed.py, not asserted here: an absolute
+# time limit fails on a loaded machine and passes a slow regression on a fast one)
 
 
 @pytest.mark.parametrize("argv", [
@@ -287,7 +283,7 @@ def test_estimate_is_fast():
 ])
 def test_estimate_bad_input(ptd_cli, argv):
     rc, out, err = ptd_cli(*argv)
-    assert rc == 2 and err.count("\n") == 1 and err.startswith("ptd: error:"), err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith(f"ptd {argv[0]}: error:"), err
 
 
 def test_blocking_wait_is_paid_once_per_tensor_parallel_collective():

@@ -6,6 +6,8 @@ import time
 import pytest
 
 from helpers import cluster, gpt
+from ptd.runtime.limits import plan_problem
+
 from ptd.cost.estimate import FREE_KNOBS, CostOptions, candidates, choose, estimate
 from ptd.cost.flops import megatron_flops_per_iteration
 from ptd.errors import PtdError
@@ -60,7 +62,8 @@ def test_search_contains_every_candidate_of_choose(tiny):
         base = ParallelPlan(dp=dp, tp=tp, pp=pp, global_batch=32, seq_len=256, dtype="fp32")
         for p in candidates(m, base, FREE_KNOBS):
             e = estimate(m, c, p, validate=False)
-            if e.memory.fits:
+            # the planner also drops what ptd train refuses (runtime.limits.plan_problem)
+            if e.memory.fits and plan_problem(m, p) is None:
                 key = p.replace(vpp=1) if (p.schedule == "zero-bubble" and p.vpp == 2) else p
                 assert key in ranked, p.describe()  # ZB-V is searched once, as vpp 1
 
@@ -217,12 +220,12 @@ def test_never_worse_than_llama3_405b_layout(llama405):
     assert match and match[0].step.total == published.step.total
 
 
-def test_405b_search_is_fast_and_counts_plans(llama405):
+def test_405b_search_counts_plans(llama405):
+    # (its speed is measured by benchmarks/speed.py, not asserted: no absolute wall time here)
     t = time.perf_counter()
     r = search(llama405.model, llama405.cluster, 2048, 8192)
     wall = time.perf_counter() - t
-    # ~0.3 s on this 2-core machine when idle; generous for a shared, loaded one
-    assert wall < 6.0 and r.elapsed_s <= wall
+    assert r.elapsed_s <= wall  # the reported search time is part of the call's
     assert r.plans_considered == llama405.plans_considered > 10_000
 
 
@@ -236,6 +239,15 @@ ARGS_TINY = ["plan", "--model", "tiny", "--hardware", "cpu", "--gpus", "4", "--s
 def test_plan_table(ptd_cli):
     rc, out, _ = ptd_cli(*ARGS_405, "--top", "3", "--tokens", "15e12")
     assert rc == 0
+    # 16384 = 2^14 devices: layouts tp = 2^a, pp = 2^b with a + b <= 14: 15*16/2 = 120.
+    # Plans, counted over the layouts the search does not reject first (tp <= 8 inside a
+    # node; pp <= 126 layers, so b <= 6; dp = 2^(14-a-b) divides the batch 2048 = 2^11, so
+    # a + b >= 3): schedules S(pp) x micro-batches (divisors of 2^(a+b-3): a+b-2 of them)
+    # x zero (4) x sp (1 if tp = 1 else 2) x recompute (3). S(1) = 1; for pp > 1, gpipe,
+    # 1f1b and ZB-V, interleaved vpp v in 2..126/pp with 126 % (pp v) == 0 or v <= 8, and
+    # zero-bubble for those v > 2: S(2) = 3+10+9 = 22 (v in 2..9, 21, 63), S(4) = S(8) =
+    # 3+7+6 = 16, S(16) = 3+6+5 = 14, S(32) = 3+2+1 = 6, S(64) = 3. The sum over
+    # a in 0..3, b in 0..6, a+b >= 3 of S(2^b) (a+b-2) 4 sp(a) 3 is 15744.
     assert "searched 15744 plans in 120 layouts" in out
     for s in ("top 3 of", "memory/device", "step time", "tokens/s", "MFU", "time to train 15 T tok",
               "Pareto front", "rejected", "tp crosses nodes [layouts]", "does not fit in memory"):
@@ -290,7 +302,7 @@ def test_plan_fix_and_objective(ptd_cli):
 ])
 def test_plan_bad_input(ptd_cli, argv):
     rc, out, err = ptd_cli(*argv)
-    assert rc == 2 and err.count("\n") == 1 and err.startswith("ptd: error:"), err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith(f"ptd {argv[0]}: error:"), err
 
 
 def test_run_refuses_other_exports(ptd_cli):

@@ -13,7 +13,8 @@ from ptd.cost.estimate import CostOptions
 from ptd.planner import export as X
 from ptd.planner import export_deepspeed
 from ptd.planner.search import search
-from ptd.specs import get_preset, load_config
+from ptd.specs import ClusterSpec, get_preset, load_config, load_hardware
+from ptd.errors import PtdError
 
 # ---------------------------------------------------------------- torchtitan
 # torchtitan 0.3.0: the flags of `python -m torchtitan.config.manager --module llama3
@@ -136,7 +137,10 @@ def plans():
         ("llama3.1-405b", "h100-sxm", 16384, 2048, 8192, {}, "bf16", 6),
         ("llama3.1-405b", "h100-sxm", 16384, 2048, 8192, {"schedule": "1f1b", "zero": 1}, "bf16", 2),
         ("mixtral-8x7b", "h100-sxm", 64, 256, 4096, {}, "bf16", 3),
-        ("gpt2", "a100-80g", 16, 64, 1024, {"pp": 2, "schedule": "gpipe"}, "fp16", 2),
+        # gpt2 ties its embeddings and ptd's pipeline has no fp16 loss scaling: ptd train
+        # refuses both with pp > 1, so the planner (one validator) offers neither
+        ("gpt2", "a100-80g", 16, 64, 1024, {"pp": 1}, "fp16", 2),
+        ("tiny", "cpu", 4, 32, 256, {"pp": 2, "schedule": "gpipe"}, "fp32", 2),
         ("tiny", "cpu", 4, 32, 256, {}, "fp32", 4),
         ("tiny", "cpu", 4, 32, 256, {"zero": 3, "offload": True, "recompute": "selective"}, "fp32", 2),
         ("tiny", "cpu", 4, 32, 256, {"tp": 2, "sp": False, "zero": 0}, "bf16", 2),
@@ -302,7 +306,7 @@ def test_cli_export(ptd_cli, tmp_path):
     d = json.loads(out)
     assert d["export"]["format"] == "deepspeed"
     assert json.loads(d["export"]["text"])["train_batch_size"] == 32
-    with pytest.raises(Exception):
+    with pytest.raises(PtdError, match="unknown export format 'jax'"):
         X.export(plans_first(), "jax")
 
 

@@ -55,7 +55,7 @@ def test_verdict_and_rank_correlation():
     (["--export", "ptd"], "--try runs plans itself"),
     (["--objective", "memory"], "measured throughput"),
     (["--gpus-per-node", "2"], "one node"),
-    (["--hardware", "h100-sxm"], "this host has 0"),
+    (["--hardware", "h100-sxm"], "describes a GPU and this host has none"),
 ])
 def test_try_refuses_what_it_cannot_do(extra, msg, tmp_path):
     args = ["--model", "tiny", "--hardware", "cpu", "--gpus", "4", "--global-batch", "8",

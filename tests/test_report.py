@@ -236,7 +236,7 @@ def test_bad_run_dir_one_line_exit_2(ptd_cli, tmp_path, setup, match):
     setup(p)
     rc, out, err = ptd_cli("report", str(p))
     assert rc == 2
-    assert err.count("\n") == 1 and err.startswith("ptd: error:") and match in err, err
+    assert err.count("\n") == 1 and err.startswith("ptd report: error:") and match in err, err
     assert "Traceback" not in err and out == ""
     assert not (p / "report.html").exists()
 

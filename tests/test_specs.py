@@ -149,7 +149,7 @@ def test_blocking_wait_curve_lookup_and_toml(tmp_path):
     p.write_text('[hardware]\npreset = "cpu"\n[hardware.blocking_wait_measured]\n2 = 0.001\n')
     with pytest.raises(PtdError, match="blocking_wait_measured"):
         load_hardware(str(p))
-    with pytest.raises(PtdError, match="non-negative"):
+    with pytest.raises(PtdError, match=r"wait must be >= 0, got -0.001"):
         base.replace(blocking_wait_measured={2: ((0.0, -1e-3),)})
 
 

@@ -34,7 +34,7 @@ BASE_PLAN = {"dp": 1, "tp": 1, "pp": 1, "micro_batch": 1, "global_batch": 8, "se
 def _assert_refused(rc, err, out_dir, match):
     import re
     assert rc == 2, err
-    assert err.count("\n") == 1 and err.startswith("ptd: error:"), err
+    assert err.count("\n") == 1 and err.startswith("ptd train: error:"), err
     assert re.search(match, err), err
     assert "Traceback" not in err
     assert not out_dir.exists()

@@ -125,7 +125,7 @@ def test_crashing_worker_fails_the_run_with_its_error(home, tmp_path, launch):
     assert r.returncode != 0
     assert "PTD_FAULT: injected crash on rank 1 at step 3" in r.stderr
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("ptd: error: training failed") and "rank 1" in last
+    assert last.startswith("ptd train: error: training failed") and "rank 1" in last
     metrics = losses(tmp_path / "crash")
     assert len(metrics) == 2  # steps 1 and 2 ran; nothing after the crash
 
@@ -138,7 +138,7 @@ def test_hanging_worker_becomes_an_error_after_the_timeout(home, tmp_path):
     assert r.returncode != 0
     assert "Timed out" in r.stderr or "timed out" in r.stderr.lower()
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("ptd: error: training failed")
+    assert last.startswith("ptd train: error: training failed")
     # The error names the rank that gave up, the collective, the step, and the stuck peer.
     assert ("rank 0: DDP gradient all-reduce (forward_backward) at step 2 timed out after 5 s; "
             "rank 1 is stuck at step 2 in 'start of step'") in last, last

@@ -141,7 +141,7 @@ def test_refused_before_any_worker(ptd_cli, no_workers, tmp_path, flags, match):
     out = tmp_path / "out"
     rc, _, err = ptd_cli("train", "--model", "tiny", "--seq-len", "64", *flags, "--out", str(out))
     assert rc == 2, err
-    assert err.count("\n") == 1 and err.startswith("ptd: error:"), err
+    assert err.count("\n") == 1 and err.startswith("ptd train: error:"), err
     assert re.search(match, err), err
     assert not out.exists()
 

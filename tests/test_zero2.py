@@ -13,12 +13,38 @@ from helpers import spawn_world
 pytestmark = pytest.mark.dist
 
 
+CASES = [(False, False), (True, False), (False, True), (True, True)]  # (overlap, NCCL branch)
+
+
+class _Done:
+    def wait(self) -> bool:
+        return True
+
+
+def _reference_reduce_scatter(out, inp, op=dist.ReduceOp.SUM, group=None, async_op=False):
+    full = inp.clone()
+    dist.all_reduce(full, group=group)
+    chunk = full.view(dist.get_world_size(group), -1)[dist.get_rank(group)]
+    if op == dist.ReduceOp.AVG:
+        chunk = chunk / dist.get_world_size(group)
+    elif op != dist.ReduceOp.SUM:
+        raise NotImplementedError(op)
+    out.copy_(chunk)
+    return _Done()
+
+
 def _worker(rank: int, world: int) -> list:
     """One rank of a gloo world (``helpers.spawn_world``); its results."""
     from ptd.runtime.parallel.ddp import zero1_optimizer
     from ptd.runtime.parallel.zero2 import ReduceToOwner
     results = []
-    for overlap in (False, True):
+    real_rs = dist.reduce_scatter_tensor
+    for overlap, nccl_path in CASES:
+        # The NCCL branch (reduce_scatter_tensor with AVG) on CPU: gloo has no AVG, so a
+        # reference reduce-scatter stands in -- the sum over ranks (all_reduce), this
+        # rank's rank-major chunk, divided by the group size only for AVG. A SUM in
+        # the NCCL branch (the planted bug) then leaves gradients `world` times too big.
+        dist.reduce_scatter_tensor = _reference_reduce_scatter if nccl_path else real_rs
         torch.manual_seed(0)  # the same parameters everywhere
         params = [torch.nn.Parameter(torch.randn(*s))
                   for s in [(7, 5), (5,), (13, 3), (2, 2), (9,)]]
@@ -26,6 +52,7 @@ def _worker(rank: int, world: int) -> list:
         opt = zero1_optimizer([{"params": params}], dist.group.WORLD, lr=0.1)
         # buckets of 40 bytes: several, each with its own rank-major layout
         reduce = ReduceToOwner(opt, dist.group.WORLD, holder, overlap=overlap, bucket_bytes=40)
+        reduce.gloo = not nccl_path  # take the branch GPUs take
         g = torch.Generator().manual_seed(100 + rank)
         coefs = [torch.randn(p.shape, generator=g) for p in params]
         used = [i for i in range(len(params)) if not (i == 3 and rank == 1)]  # rank 1: not 3
@@ -52,17 +79,18 @@ def _worker(rank: int, world: int) -> list:
             elif p.grad is not None:
                 wrong_holding.append(tuple(p.shape))
         results.append((len(owned), errors, wrong_holding, freed))
+    dist.reduce_scatter_tensor = real_rs
     return results
 
 
 @pytest.mark.timeout(90)
 def test_reduce_to_owner_keeps_the_average_of_owned_gradients_only(tmp_path):
     out = spawn_world(_worker, 3, tmp_path / "store")
-    for case in (0, 1):  # after the backward; overlapped with it
+    for case, (overlap, _) in enumerate(CASES):  # after the backward or overlapped; gloo/NCCL
         assert sum(out[r][case][0] for r in out) == 5  # every parameter has exactly one owner
         for rank, results in out.items():
             n, errors, wrong, freed = results[case]
-            assert freed == (case == 1 and rank != 1), (case, rank)
+            assert freed == (overlap and rank != 1), (case, rank)
             assert n >= 1 and len(errors) == n, (case, rank, n, errors)
             assert max(errors) <= 1e-6, (case, rank, errors)
             assert wrong == [], (case, rank, wrong)

@@ -4,8 +4,10 @@ Each subcommand is a module of :mod:`ptd.commands` with ``HELP``, ``add(parser)`
 flags) and ``run(args)`` (calls into the library, returns the exit code). Heavy imports (torch) happen inside the runners
 that need them, so ``ptd calc``, ``estimate`` and ``plan`` start instantly.
 
-Contract: bad input prints one line ``ptd: error: ...`` to stderr and exits 2; nothing is
-started or written before input is validated.
+Contract (docs/errors.md): bad input prints one line ``ptd <cmd>: error: ...`` to stderr
+and exits 2; nothing is started or written before input is validated. A fault of the
+machine (disk full) is one line and exit 1; anything unexpected is one line naming a log
+file that holds the traceback, exit 1 (``--debug`` or ``PTD_DEBUG=1`` prints it instead).
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ import json
 import sys
 from typing import Any, Sequence
 
-from .errors import PtdError
+from .errors import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_USAGE, PtdError, PtdFault
+
+MAX_INT = 2**40
+"""Largest integer a flag takes: beyond any real device count, batch or step count, and
+small enough that every product the cost model forms stays exact in a float."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -23,7 +29,7 @@ class _Parser(argparse.ArgumentParser):
     usage block first, which buries the reason)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise PtdError(f"{self.prog.split()[-1]}: {message}")
+        raise PtdError(message)
 
 
 def positive_ints(s: str, limit: int | None = None) -> list[int]:
@@ -32,8 +38,9 @@ def positive_ints(s: str, limit: int | None = None) -> list[int]:
         v = sorted({int(x) for x in s.split(",") if x.strip()})
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers like 1,2,4, got {s!r}") from None
-    if not v or v[0] < 1 or (limit is not None and v[-1] > limit):
-        bound = f"1..{limit}" if limit is not None else "positive"
+    limit = MAX_INT if limit is None else limit
+    if not v or v[0] < 1 or v[-1] > limit:
+        bound = f"1..{limit}"
         raise argparse.ArgumentTypeError(f"expected {bound} numbers like 1,2,4, got {s!r}")
     return v
 
@@ -43,8 +50,8 @@ def positive_int(s: str) -> int:
         v = int(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    if not 1 <= v <= MAX_INT:
+        raise argparse.ArgumentTypeError(f"expected a positive integer (at most 2**40), got {s!r}")
     return v
 
 
@@ -53,8 +60,8 @@ def nonneg_int(s: str) -> int:
         v = int(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}")
+    if not 0 <= v <= MAX_INT:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer (at most 2**40), got {s!r}")
     return v
 
 
@@ -86,7 +93,10 @@ def fraction(s: str) -> float:
 
 
 def emit_json(obj: Any) -> None:
-    json.dump(obj, sys.stdout, indent=2, sort_keys=False, default=str)
+    """Strict JSON on stdout: a NaN or infinity becomes null with a ``<key>_null_reason``
+    beside it (:func:`ptd.safeio.json_safe`), never the non-standard ``NaN`` token."""
+    from .safeio import json_safe
+    json.dump(json_safe(obj), sys.stdout, indent=2, sort_keys=False, default=str, allow_nan=False)
     sys.stdout.write("\n")
 
 
@@ -96,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ptd", description="Plan, run and measure 3D-parallel training of "
                 "transformer language models.")
     p.add_argument("--version", action="version", version=f"ptd {__version__}")
+    p.add_argument("--debug", action="store_true",
+                   help="print tracebacks of unexpected errors (also PTD_DEBUG=1); any position")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in MODULES:
         mod = load(name)
@@ -105,24 +117,57 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (for the error prefix), before parsing it."""
+    from .commands import MODULES
+    for tok in argv:
+        if not tok.startswith("-"):
+            return tok if tok in MODULES else None
+    return None
+
+
+def fail(cmd: str | None, message: str) -> None:
+    """The one error line: ``ptd <cmd>: error: message`` (one line whatever ``message`` holds)."""
+    text = " ".join(str(message).split()) or "error"
+    print(f"ptd{' ' + cmd if cmd else ''}: error: {text}", file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from .errors import crash_log, debug_enabled, describe_os_error
+    debug = debug_enabled() or "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    cmd = _command(argv)
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
         if not args.command:
             parser.print_help()
-            return 2
+            return EXIT_USAGE
         from .commands import load
         rc = load(args.command).run(args)
         return int(rc or 0)
     except PtdError as e:
-        print(f"ptd: error: {e}", file=sys.stderr)
-        return 2
+        fail(cmd, str(e))
+        return EXIT_USAGE
     except KeyboardInterrupt:
-        print("ptd: interrupted", file=sys.stderr)
-        return 130
+        print(f"ptd{' ' + cmd if cmd else ''}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
+    except PtdFault as e:
+        fail(cmd, str(e))
+        return EXIT_FAULT
+    except Exception as e:  # a fault of the machine (OSError, MemoryError), or a bug
+        if debug:
+            raise
+        if isinstance(e, OSError) and e.errno is not None:
+            fail(cmd, describe_os_error(e))
+            return EXIT_FAULT
+        log = crash_log(e)
+        where = f"traceback in {log}" if log else "no log could be written"
+        fail(cmd, f"unexpected {type(e).__name__}: {e} ({where}; --debug prints it)")
+        return EXIT_FAULT
 
 
 if __name__ == "__main__":

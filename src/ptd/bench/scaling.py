@@ -88,8 +88,12 @@ def run_one(out: Path, common: list[str], flags: list[str], timeout: float) -> d
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "ptd", "train", *common, *flags, "--out", str(out)]
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    except subprocess.TimeoutExpired:  # a failed row, not a crash of the whole bench
+        return {"error": f"timed out after {timeout:g} s (--run-timeout)",
+                "wall_s": time.perf_counter() - t0}
     wall = time.perf_counter() - t0
     (out / "bench.log").write_text(r.stdout + "\n" + r.stderr)
     if r.returncode != 0 or not (out / "summary.json").is_file():
@@ -105,9 +109,18 @@ def _speedups(t: dict[int, float]) -> dict[int, float]:
     return {n: (t1 / v if t1 and v else float("nan")) for n, v in t.items()}
 
 
-def _fit_p(s: dict[int, float]) -> float:
-    ns = [n for n in sorted(s) if n > 1 and math.isfinite(s[n])]
-    return M.fit_parallel_fraction(ns, [s[n] for n in ns]) if ns else float("nan")
+def amdahl_fit(s: dict[Any, float]) -> tuple[float | None, str | None]:
+    """(P, None) when Amdahl's law describes the speedups ``s`` (N -> S), else (None, why):
+    a fit needs two points beyond N = 1, and a P outside [0, 1] (superlinear or slower
+    with more workers) means the law does not apply, whatever the least squares say."""
+    ns = [n for n in sorted(s) if n > 1 and math.isfinite(s[n]) and s[n] > 0]
+    if len(ns) < 2:
+        return None, f"n/a: {len(ns)} measured point(s) beyond N = 1; the fit needs 2"
+    p = M.fit_parallel_fraction(ns, [s[n] for n in ns])
+    if not (math.isfinite(p) and 0 <= p <= 1):
+        return None, (f"n/a: the fitted P = {p:.2f} is outside [0, 1]; Amdahl's law does "
+                      "not describe these speedups")
+    return p, None
 
 
 def measure(args: Any, out: Path, log: Any = print) -> dict[str, Any]:
@@ -169,7 +182,9 @@ def tables(data: dict[str, Any], strategies: Iterable[str], workers: list[int]) 
                 res["breakdown"].append({"strategy": strat, "n": n, "measured": bm,
                                          "predicted": s["predicted"]["breakdown"],
                                          "step_s": s["measured"].get("profiled_step_time_s")})
-        res["amdahl"].append({"strategy": strat, "P": _fit_p(sm), "P_pred": _fit_p(sp)})
+        (pm, why), (pp_, why_pred) = amdahl_fit(sm), amdahl_fit(sp)
+        res["amdahl"].append({"strategy": strat, "P": pm, "P_pred": pp_, "P_why": why,
+                              "P_pred_why": why_pred})
     return res
 
 
@@ -221,7 +236,8 @@ def cluster_tables(model_name: str, hw_name: str, sizes: list[int], seq_len: int
             # relative to the smallest size: S'(k) = S(n)/S(n0) over k = n/n0 units
             ks = [n / n0 for n, _ in pts]
             ss = [s / pts[0][1] for _, s in pts]
-            amdahl.append({"strategy": strat, "P": M.fit_parallel_fraction(ks, ss)})
+            p, why = amdahl_fit(dict(zip(ks, ss)))
+            amdahl.append({"strategy": strat, "P": p, "P_why": why})
     return {"model": model_name, "hardware": hw_name, "seq_len": seq_len,
             "global_batch": global_batch, "speedup": rows, "memory": mem, "amdahl": amdahl}
 
@@ -229,7 +245,7 @@ def cluster_tables(model_name: str, hw_name: str, sizes: list[int], seq_len: int
 # ------------------------------------------------------------------ output
 def render(res: dict[str, Any], cl: dict[str, Any] | None) -> str:
     def f2(x: Any) -> str:
-        return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.2f}"
+        return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.2f}"
     lines = ["speedup and efficiency (strong scaling, fixed global batch), measured | predicted"]
     rows = [(r["strategy"], r["n"], r["plan"], duration(r["step_s"]), duration(r["step_s_pred"]),
              f2(r["speedup"]), f2(r["speedup_pred"]), pct(r["efficiency"]), pct(r["efficiency_pred"]),
@@ -240,6 +256,8 @@ def render(res: dict[str, Any], cl: dict[str, Any] | None) -> str:
     lines += ["", "Amdahl's parallel fraction P (fitted over N), measured | predicted"]
     lines.append(table([(a["strategy"], f2(a["P"]), f2(a["P_pred"])) for a in res["amdahl"]],
                        header=("strategy", "P", "pred"), align="lrr"))
+    lines += [f"  {a['strategy']}: {'measured' if k == 'P_why' else 'predicted'} P {a[k]}"
+              for a in res["amdahl"] for k in ("P_why", "P_pred_why") if a.get(k)]
     lines += ["", "memory per device (max rank), measured | predicted"]
     mrows = []
     for r in res["memory"]:

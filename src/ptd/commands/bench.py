@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -31,6 +32,8 @@ def _strategies(s: str) -> list[str]:
     bad = [x for x in v if x not in STRATEGIES]
     if bad or not v:
         raise argparse.ArgumentTypeError(f"strategies are {', '.join(STRATEGIES)}; got {s!r}")
+    if len(set(v)) != len(v):
+        raise argparse.ArgumentTypeError(f"a strategy is named twice in {s!r}")
     return v
 
 
@@ -73,6 +76,8 @@ def run(a: argparse.Namespace) -> int:
         raise PtdError("--workers must include 1 (the baseline of the speedups)")
     from ..specs import load_model
     load_model(a.model)  # validate before anything runs
+    from .. import flagcheck
+    flagcheck.bench(a)  # --run-timeout, writable --out, hardware of this host
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     from ..runtime.calibrate.first_run import ensure_profile
@@ -90,7 +95,8 @@ def run(a: argparse.Namespace) -> int:
                  {"summary": {k: r["summary"].get(k) for k in ("measured", "predicted", "ratio",
                                                                "plan_desc", "error", "wall_s")}}
                  for r in data["rows"]]
-    (out / "scaling.json").write_text(json.dumps({"meta": meta, "measured": res, "cluster": cl,
+    from ..safeio import dumps_strict
+    (out / "scaling.json").write_text(dumps_strict({"meta": meta, "measured": res, "cluster": cl,
                                                   "runs": slim_rows}, indent=1, default=str) + "\n")
     S.write_csv(out / "speedup.csv", res["speedup"])
     S.write_csv(out / "memory.csv", res["memory"])
@@ -102,6 +108,22 @@ def run(a: argparse.Namespace) -> int:
         _plots(S, res, cl, data, out, a)
     print(f"\nptd bench: {len(data['rows'])} rows in {elapsed:.0f} s; wrote {out}/scaling.json, "
           f"*.csv{'' if a.no_plots else ', *.png'}")
+    return bench_status(data["rows"], res)
+
+
+def bench_status(rows: list, res: dict) -> int:
+    """1 with one line when a row failed or a table came out empty (a partial benchmark is
+    not a result), else 0."""
+    failed = [r for r in rows if "error" in r["summary"]]
+    if failed:
+        f = failed[0]
+        print(f"ptd bench: error: {len(failed)} of {len(rows)} run(s) failed; first "
+              f"{f['strategy']} N={f['n']}: {f['summary']['error']}", file=sys.stderr)
+        return 1
+    empty = [k for k in ("speedup", "memory") if not res.get(k)]
+    if empty:
+        print(f"ptd bench: error: empty table(s): {', '.join(empty)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -76,6 +76,8 @@ def _validate(a: argparse.Namespace) -> Path:
         raise PtdError(f"--out must end in .toml (what --hardware reads as a file), got {out}")
     if out.exists() and out.is_dir():
         raise PtdError(f"--out {out} is a directory")
+    from ..safeio import check_writable
+    check_writable(out, "--out", kind="file")  # before minutes of measuring, not after
     return out
 
 

@@ -133,9 +133,13 @@ def run(a: argparse.Namespace) -> int:
     base = ParallelPlan(**fixed)
     base.validate(model if a.ep > 1 else None, cluster.n_devices)
     if free:
-        e = choose(model, cluster, base, free, a.tokens, opts)
+        from ..runtime.limits import plan_problem  # (imports no torch)
+        e = choose(model, cluster, base, free, a.tokens, opts,
+                   refuse=lambda p: plan_problem(model, p))
     else:
         e = estimate(model, cluster, base, a.tokens, opts)
+    from ..planner.search import runtime_refuses
+    runtime_refuses(model, e.plan)  # the rules ptd train applies (one validator)
     if a.json:
         emit_json(e.to_json())
     else:

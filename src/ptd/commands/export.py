@@ -37,6 +37,8 @@ def run(a: argparse.Namespace) -> int:
         raise PtdError(f"export: {src} does not exist")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise PtdError(f"export: {out} exists and is not an empty folder")
+    from ..safeio import check_writable
+    check_writable(out, "--out")
     from ..runtime.checkpoint import store
     from ..runtime.checkpoint.restore import validate
     ckpt = None

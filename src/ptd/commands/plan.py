@@ -67,15 +67,15 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="run the top K plans and the best plan of every other dp x tp x pp "
                         "layout here (one node: --gpus workers), and rank them by measured "
                         "tokens/s beside the prediction")
-    t.add_argument("--no-layouts", action="store_true",
+    t.add_argument("--no-layouts", action="store_true", default=None,
                    help="with --try: the top K only, not each layout's best")
-    t.add_argument("--repeats", type=positive_int, default=2,
+    t.add_argument("--repeats", type=positive_int, default=None,
                    help="runs per plan, interleaved; the best counts (2)")
-    t.add_argument("--tolerance", type=float, default=0.10,
+    t.add_argument("--tolerance", type=float, default=None,
                    help="how far below the best measured the top plan may be (0.10)")
-    t.add_argument("--try-dir", default="runs/plan-try", metavar="DIR",
+    t.add_argument("--try-dir", default=None, metavar="DIR",
                    help="configs, runs and try.json go here (runs/plan-try)")
-    t.add_argument("--run-timeout", type=float, default=300.0,
+    t.add_argument("--run-timeout", type=float, default=None,
                    help="seconds per run before it counts as failed (300)")
 
 
@@ -87,6 +87,8 @@ def run(a: argparse.Namespace) -> int:
         raise PtdError("--run writes a ptd config; export other formats in a separate call")
     if a.try_k and (a.run or a.export):
         raise PtdError("--try runs plans itself; use --run or --export in a separate call")
+    from .. import flagcheck
+    flagcheck.plan(a)  # flags without effect, writable paths, hardware of this host
     if a.try_k and a.objective == "memory":
         raise PtdError("--try ranks by measured throughput; use --objective throughput")
     if a.try_k and not 0 <= a.tolerance < 1:
@@ -176,7 +178,8 @@ def try_plans(a: argparse.Namespace, res, opts) -> int:  # type: ignore[no-untyp
                          repeats=a.repeats, timeout=a.run_timeout, options=opts, log=log)
     v = trial.verdict(cands, a.tolerance)
     tj = trial.to_json(cands, v, a.repeats, wall)
-    (out / "try.json").write_text(json.dumps(tj, indent=2, default=str) + "\n")
+    from ..safeio import dumps_strict
+    (out / "try.json").write_text(dumps_strict(tj, indent=2, default=str) + "\n")
     if a.json:
         emit_json({**to_json(res, a.try_k, None, None, None, None), "try": tj})
     else:

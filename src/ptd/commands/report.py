@@ -27,6 +27,7 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a ptd train --out folder")
     p.add_argument("--out", metavar="FILE.html", help="where to write (default RUN_DIR/report.html)")
     p.add_argument("--json", action="store_true", help='print {"html": path}')
+    p.add_argument("--force", action="store_true", help="replace an existing --out file")
 
 
 def run(a: argparse.Namespace) -> int:
@@ -35,6 +36,10 @@ def run(a: argparse.Namespace) -> int:
     out = Path(a.out) if a.out else Path(a.run_dir) / "report.html"
     if out.is_dir():
         raise PtdError(f"--out {out} is a directory")
+    from ..safeio import check_writable, refuse_overwrite
+    check_writable(out, "--out", kind="file")
+    if not (a.force or (a.out is None and out.name == "report.html")):
+        refuse_overwrite(out, "--out", a.force)  # never a run's own files (summary.json)
     path = write_report(a.run_dir, out)
     if a.json:
         emit_json({"html": str(path)})

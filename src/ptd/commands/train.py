@@ -191,6 +191,8 @@ def run(a: argparse.Namespace) -> int:
     from ..runtime.launch import train
     from ..runtime.nodes import Nodes, per_node, slurm_script
     cfg, nproc = resolve(a)
+    from .. import flagcheck
+    flagcheck.train(a, cfg)  # flags that would be ignored or cannot hold on this host
     if a.slurm_script:
         rc = train(cfg, nproc, dry_run=True)  # validates and writes OUT/config.toml
         per = per_node(nproc, a.nnodes)

@@ -192,13 +192,21 @@ def candidates(model: ModelSpec, base: ParallelPlan, free: Iterable[str],
 
 
 def choose(model: ModelSpec, cluster: ClusterSpec, base: ParallelPlan, free: Iterable[str],
-           tokens: float | None = None, options: CostOptions = CostOptions()) -> Estimate:
+           tokens: float | None = None, options: CostOptions = CostOptions(),
+           refuse: Any = None) -> Estimate:
     """The fastest plan that fits among :func:`candidates`; if none fits, the one needing
-    the least memory (its ``fits`` is False)."""
+    the least memory (its ``fits`` is False). ``refuse(plan)``, if given, returns why a
+    candidate is dropped, or None (``ptd estimate`` passes the runtime's rules, so that it
+    picks a plan ptd trains)."""
+    refused: str | None = None
     free = [k for k in FREE_KNOBS if k in set(free)]
     best: Estimate | None = None
     smallest: Estimate | None = None
     for p in candidates(model, base, free, options.schedules):
+        why = refuse(p) if refuse is not None else None
+        if why:
+            refused = refused or why
+            continue
         e = estimate(model, cluster, p, tokens, options, validate=False)
         if e.memory.fits:
             if best is None or (e.step.total, e.memory.total) < (best.step.total, best.memory.total):
@@ -208,6 +216,8 @@ def choose(model: ModelSpec, cluster: ClusterSpec, base: ParallelPlan, free: Ite
     pick = best or smallest
     if pick is None:
         base.validate(model, cluster.n_devices)  # raises the reason
+        if refused:
+            raise PtdError(f"ptd train refuses it: {refused}")
         raise PtdError("no valid plan with these settings")
     chosen = {k: getattr(pick.plan, k) for k in free}
     return Estimate(pick.model, pick.cluster, pick.plan, pick.flops, pick.memory, pick.step,

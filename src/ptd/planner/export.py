@@ -81,6 +81,8 @@ def export_files(e: Estimate, fmt: str, *, hardware: str = "", steps: int | None
     """The export with its notes and companion files (``name``: the main file's name, which
     DeepSpeed's launch script refers to)."""
     from . import export_deepspeed, export_megatron, export_torchtitan
+    from .search import runtime_refuses
+    runtime_refuses(e.model, e.plan)  # a plan ptd train would refuse is refused here too
     cfg = TrainConfig()
     if steps:
         cfg = cfg.replace(steps=steps)

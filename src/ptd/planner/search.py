@@ -354,6 +354,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: i
                                     continue
                                 try:  # the final word: the checks above mirror it
                                     plan.validate(model, n)
+                                    runtime_refuses(model, plan)  # what ptd train refuses
                                 except PtdError as err:
                                     why = f"invalid: {err}"
                                     res.plans_rejected[why] += 1
@@ -374,6 +375,15 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: i
     res.ranked = [e for _, e in keyed]
     res.elapsed_s = time.perf_counter() - t0
     return res
+
+
+def runtime_refuses(model: ModelSpec, plan: ParallelPlan) -> None:
+    """Raise what ``ptd train`` would refuse (:func:`ptd.runtime.limits.plan_problem`; that
+    module imports no torch), so that a plan ptd prints is one it trains."""
+    from ..runtime.limits import plan_problem
+    why = plan_problem(model, plan)
+    if why:
+        raise PtdError(f"ptd train refuses it: {why}")
 
 
 def ranked_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: int,

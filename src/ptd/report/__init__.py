@@ -28,5 +28,6 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     html = render_html(run_dir)
     path = Path(out) if out is not None else Path(run_dir) / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(html, encoding="utf-8")
+    from ..safeio import atomic_write_text
+    atomic_write_text(path, html)  # never half a page over a good one
     return path

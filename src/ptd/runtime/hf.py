@@ -281,8 +281,11 @@ def check_matches(hf_spec: ModelSpec, run: ModelSpec, seq_len: int, where: str) 
 def precheck(folder: str | Path, run: ModelSpec, seq_len: int) -> None:
     """Refuse (one line) before any worker starts: no folder, no weights, another model."""
     spec, _ = read_config(folder)
-    weight_files(Path(folder))
+    from .weights_check import check_header
+    for f in weight_files(Path(folder)):
+        check_header(f)  # a damaged file is refused before any worker starts
     check_matches(spec, run, seq_len, str(folder))
+    read_folder(folder, run)  # shapes, dtypes and finite values of every tensor
 
 
 def read_folder(folder: str | Path, run: ModelSpec) -> dict[str, torch.Tensor]:
@@ -297,6 +300,8 @@ def read_folder(folder: str | Path, run: ModelSpec) -> dict[str, torch.Tensor]:
             tensors.update(load_file(str(f)))
         except Exception as e:  # noqa: BLE001 - a damaged file is bad input
             raise PtdError(f"init_from: cannot read {f}: {str(e)[:120]}") from None
+    from .weights_check import check_tensors
+    check_tensors(tensors, str(folder))
     state = from_hf(tensors, run)
     from .checkpoint.restore import expected_params
     for name, shape in expected_params(run).items():

@@ -61,9 +61,9 @@ def check_runtime(cfg: TrainConfig, nproc: int, this_host: bool = True) -> None:
     """What the plan allows but this runtime cannot do (yet), or this machine cannot.
     ``this_host``: all ``nproc`` workers run here (not so for a multi-node dry run)."""
     # the launcher imports nothing of the parallel runtime, which every worker imports again
-    from .limits import pp_problem, tp_problem
+    from .limits import plan_problem
     plan = cfg.plan
-    problem = tp_problem(cfg.model, plan) or pp_problem(cfg.model, plan, compile=cfg.compile)
+    problem = plan_problem(cfg.model, plan, compile=cfg.compile)  # the rules plan/export apply
     if problem:
         raise PtdError(problem)
     if plan.grad_compression != "none" and (plan.tp > 1 or plan.pp > 1):
@@ -166,6 +166,7 @@ def fork_workers(cfg: TrainConfig, config_path: Path, nproc: int, log_dir: Path,
     The fork server has one thread (its imports start none). CPU only: a forked CUDA context is unusable, so GPU
     hosts keep torchrun. Nothing runs a torch op before the fork (a forked OpenMP pool would
     hang the workers)."""
+    from .interrupt import Forward
     saved = dict(os.environ)
     os.environ.update(worker_env(cfg))  # before torch is imported: its thread pools read it
     try:
@@ -191,9 +192,11 @@ def fork_workers(cfg: TrainConfig, config_path: Path, nproc: int, log_dir: Path,
                               rdzv_endpoint=nodes.rdzv_endpoint if nodes else "localhost:0",
                               max_restarts=cfg.max_restarts,
                               monitor_interval=0.1, start_method="forkserver",
+                              signals_to_handle=Forward.SIGNALS,  # Ctrl-C: interrupt.py
                               logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)))
         try:
-            elastic_launch(config, worker.main)([str(config_path)])
+            with Forward():
+                elastic_launch(config, worker.main)([str(config_path)])
         except ChildFailedError:
             return 1
         except SignalException as e:  # the agent stopped the workers first, as torchrun does
@@ -236,28 +239,37 @@ def start_workers(cfg: TrainConfig, config_path: Path, nproc: int,
     else:
         cmd = torchrun_command(config_path, nproc, cfg.max_restarts, log_dir, nodes)
         rc = subprocess.run(cmd, env=worker_env(cfg)).returncode
+    if rc == 128 + 2:  # Ctrl-C: the workers finished their step and saved (interrupt.py)
+        return stopped(cfg, interrupted=True)
     if rc != 0:
         failures = failed_workers(log_dir)
         if failures:
             more = f" (and {len(failures) - 1} later)" if len(failures) > 1 else ""
             detail = f"earliest worker error: {failures[0]}{more}"
+            if "No space left on device" in failures[0] or "disk full" in failures[0]:
+                detail = "disk full: " + detail
         else:
             detail = ("no worker left an error file (killed by a signal?); see the elastic "
                       "agent's report above")
-        print(f"ptd: error: training failed (exit code {rc}); {detail}", file=sys.stderr)
+        print(f"ptd train: error: training failed (exit code {rc}); {detail}", file=sys.stderr)
         return rc if rc > 0 else 1
     return stopped(cfg)
 
 
-def stopped(cfg: TrainConfig) -> int:
-    """1 with the reason if the workers stopped the run on purpose (a non-finite loss)."""
+def stopped(cfg: TrainConfig, interrupted: bool = False) -> int:
+    """1 with the reason if the workers stopped the run on purpose (a non-finite loss);
+    130 with the step if Ctrl-C stopped it."""
     try:
         status = json.loads((Path(cfg.out) / "summary.json").read_text()).get("status", "ok")
     except (OSError, ValueError):
-        return 0
+        status = "interrupted (no summary written)" if interrupted else "ok"
+    if status.startswith("interrupted"):
+        print(f"ptd train: {status} (Ctrl-C); ptd train --resume {cfg.out} continues it",
+              file=sys.stderr)
+        return 130
     if status == "ok":
         return 0
-    print(f"ptd: error: training {status}", file=sys.stderr)
+    print(f"ptd train: error: training {status}", file=sys.stderr)
     return 1
 
 
@@ -265,21 +277,27 @@ def train(cfg: TrainConfig, nproc: int, dry_run: bool = False, nodes: Nodes | No
     """Validate, prepare, write ``OUT/config.toml``, and (unless ``dry_run``) train.
     ``nodes``: this node's part of a multi-node job (:mod:`.nodes`); ``nproc`` is then the
     workers on this node."""
+    from ..safeio import run_lock
+    from .preflight import preflight
     if nodes:
         nodes.validate()
     cfg.validate(nproc * (nodes.nnodes if nodes else 1))
     check_runtime(cfg, nproc, this_host=not dry_run)
+    done = preflight(cfg, nproc, dry_run)  # hardware, writable paths, memory, final step
+    if done and not dry_run:
+        print(done)
+        return 0
     prepare_data(cfg)
     out, log_dir = Path(cfg.out), None
     if nodes and not nodes.writes_out:  # node 0 writes OUT/config.toml; the others nothing there
         out = nodes.private_dir()
         log_dir = out / "torchrun"
-    out.mkdir(parents=True, exist_ok=True)
-    config_path = out / "config.toml"
-    cfg.save(config_path)
-    if dry_run:
-        print(f"ptd: wrote {config_path} ({cfg.plan.describe()}, {nproc} worker(s)); not training")
-        return 0
-    from .calibrate.first_run import ensure_profile
-    ensure_profile(cfg.hardware)  # the first run on a machine measures it (auto hardware)
-    return start_workers(cfg, config_path, nproc, nodes, log_dir)
+    with run_lock(out):  # a second ptd train into the same folder is refused, naming us
+        config_path = out / "config.toml"
+        cfg.save(config_path)
+        if dry_run:
+            print(f"ptd: wrote {config_path} ({cfg.plan.describe()}, {nproc} worker(s)); not training")
+            return 0
+        from .calibrate.first_run import ensure_profile
+        ensure_profile(cfg.hardware)  # the first run on a machine measures it (auto hardware)
+        return start_workers(cfg, config_path, nproc, nodes, log_dir)

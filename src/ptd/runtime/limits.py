@@ -64,3 +64,22 @@ def tp_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
         return (f"{model.name}: sequence parallel needs RoPE positions; learned position "
                 f"embeddings are added to the whole sequence (use --sp only with RoPE models)")
     return None
+
+
+def dp_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
+    """Why this runtime cannot run ``plan``'s data parallelism as asked, or None."""
+    if plan.grad_compression != "none" and (plan.tp > 1 or plan.pp > 1):
+        return ("gradient compression hooks need DDP, which tp > 1 or pp > 1 do not use "
+                "(their gradients are averaged over dp by the runner); use none")
+    return None
+
+
+def plan_problem(model: ModelSpec, plan: ParallelPlan, *, compile: bool = False) -> str | None:
+    """The one validator: why ``ptd train`` would refuse ``plan`` for ``model`` whatever the
+    host (the runtime's limits beyond ``ParallelPlan.validate``), or None. ``ptd plan``
+    rejects such plans in its search, ``ptd estimate`` refuses them, every export refuses
+    them, and ``ptd train`` refuses them before starting -- so a plan ptd prints or exports
+    is one it trains. (What depends on the host -- fp16 needs a GPU, MoE training -- is
+    ``ptd.runtime.launch.check_runtime``'s.)"""
+    return (tp_problem(model, plan) or pp_problem(model, plan, compile=compile)
+            or dp_problem(model, plan))

@@ -108,7 +108,8 @@ class RunLog:
         self.records.append(rec)
         if not self.enabled:
             return
-        self._file.write(json.dumps(rec) + "\n")
+        from ..safeio import dumps_strict  # NaN/inf -> null + reason: every line is JSON
+        self._file.write(dumps_strict(rec) + "\n")
         self._file.flush()
         if self._tb is not None:
             for k, v in rec.items():
@@ -117,6 +118,11 @@ class RunLog:
         self._bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:,.0f}",
                               refresh=False)
         self._bar.update(rec["step"] - self._bar.n)
+
+    def abort(self) -> None:
+        """End the progress bar's line, so that an error printed next starts its own."""
+        if self.enabled and getattr(self, "_bar", None) is not None:
+            self._bar.close()
 
     def note(self, message: str) -> None:
         if self.enabled:
@@ -127,7 +133,8 @@ class RunLog:
             return
         self._bar.close()
         self._file.close()
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        from ..safeio import atomic_write_text, dumps_strict
+        atomic_write_text(self.out / "summary.json", dumps_strict(summary, indent=2) + "\n")
         if self._tb is not None:
             self._summary_to_tensorboard(summary)
         print(final_words(summary), flush=True)

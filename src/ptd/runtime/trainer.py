@@ -157,12 +157,14 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         """Run to ``cfg.steps`` (from ``self.step``); return the summary."""
         start = time.perf_counter()
+        ran = skipped = 0
         for step in range(self.step + 1, self.cfg.steps + 1):
             with self.phase("train_step", step):
                 rec = self.train_step(step)
             for annotate in self.record_hooks:
                 annotate(rec)
             rec["elapsed_s"] = time.perf_counter() - start
+            ran, skipped = ran + 1, skipped + bool(rec["skipped"])
             if step % self.cfg.log_every == 0 or step == self.cfg.steps or rec["skipped"]:
                 self.log.record(rec)
             if rec["skipped"] and self.cfg.on_nan == "stop":
@@ -173,4 +175,10 @@ class Trainer:
                 break
             for hook in self.after_step:
                 hook(self, rec)
+            if getattr(self, "stop_requested", False):  # Ctrl-C, agreed by every rank
+                break
+        if ran and skipped == ran and self.status == "ok":  # --on-nan skip: nothing learned
+            self.status = (f"failed: every one of the {ran} step(s) had a non-finite loss or "
+                           f"gradient and was skipped (--on-nan skip); no update was applied")
+            self.log.note(f"ptd: {self.status}")
         return summarize(self.log.records) | {"status": self.status}

@@ -96,17 +96,21 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     start = time.perf_counter()
     torch.set_num_threads(cfg.threads)
     dims = init_distributed(cfg.plan, cfg.timeout_s)
+    trainer = None
     try:
         cfg.validate(dims.world_size)
         trainer = build_trainer(cfg, dims)
         recovery = Recovery.start(cfg, dims, trainer)  # resume / init_from, checkpoints, timeouts
         probe = Probe.attach(trainer, cfg, dims, memory_step=cfg.measure.memory_step,
                              profile_steps=cfg.measure.profile_steps)
+        from .interrupt import Interrupt
+        interrupt = Interrupt.install(trainer, dims, recovery.checkpointer)  # Ctrl-C
         dump = os.environ.get("PTD_DUMP_PARAMS") == "1"
         if dump:
             dump_params(trainer.model, Path(cfg.out) / "params_init.pt", dims)
         summary = trainer.train()
         recovery.close()
+        interrupt.uninstall()
         if dump:
             dump_params(trainer.model, Path(cfg.out) / "params_final.pt", dims)
         runtime_params = count_params(trainer.model, dims)
@@ -115,11 +119,16 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             plan=cfg.plan.to_dict(), plan_desc=cfg.plan.describe(), model=cfg.model.name,
             param_count=cfg.model.param_count(), device=str(dims.device), dtype=cfg.plan.dtype,
             torch=torch.__version__, runtime_params=runtime_params)
-        summary.update(probe.finish(summary))  # a collective: measured vs predicted
+        if not summary["status"].startswith("interrupted"):  # (every rank agrees)
+            summary.update(probe.finish(summary))  # a collective: measured vs predicted
         trainer.log.finish(summary)
         if dims.is_main and "measured" in summary:
             print(comparison_table(summary), flush=True)
         return summary
+    except BaseException:
+        if trainer is not None:
+            trainer.log.abort()  # the error line must not share the progress bar's line
+        raise
     finally:
         shutdown()
 

@@ -185,7 +185,8 @@ class TrainConfig:
         return tomlio.dumps(self.to_dict())
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_toml())
+        from ..safeio import atomic_write_text  # a reader never sees half a config
+        atomic_write_text(path, self.to_toml())
 
 
 _SECTIONS = {"optim": OptimConfig, "data": DataConfig, "checkpoint": CheckpointConfig,

@@ -143,6 +143,8 @@ class HardwareSpec:
     """Where each number comes from."""
 
     def __post_init__(self) -> None:
+        from .typecheck import check_hardware
+        check_hardware(self)  # types, finiteness and ranges of every value, named
         if not self.peak_flops or any(v <= 0 for v in self.peak_flops.values()):
             raise PtdError(f"hardware {self.name}: peak_flops needs positive values")
         for f in ("memory_bytes", "memory_bandwidth", "host_bandwidth"):
@@ -438,12 +440,19 @@ def hardware_home() -> Path:
     return Path(os.environ.get("PTD_HOME", Path.home() / ".ptd")) / "hardware"
 
 
+def _number(v: Any) -> float:
+    """A TOML number as float; a string or boolean is refused (``float("5")`` would take it)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(v)
+    return float(v)
+
+
 def _link(d: Any, what: str) -> LinkSpec:
     if isinstance(d, LinkSpec):
         return d
     try:
         return LinkSpec(**d)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise PtdError(f"hardware {what}: bad link table ({e})") from None
 
 
@@ -458,23 +467,29 @@ def hardware_from_dict(d: dict[str, Any], name: str = "custom") -> HardwareSpec:
     for k in ("intra_node", "inter_node"):
         if k in d:
             d[k] = _link(d[k], name)
-    for key in ("gemm_flops_measured", "overheads_measured"):
-        if key in d:
-            d[key] = {dt: {int(n): float(r) for n, r in t.items()} for dt, t in d[key].items()}
-    for k in ("memory_bandwidth_measured", "op_overhead_measured"):
-        if k in d:
-            d[k] = {int(n): float(v) for n, v in d[k].items()}
+    try:
+        for key in ("gemm_flops_measured", "overheads_measured"):
+            if key in d:
+                d[key] = {dt: {int(n): _number(r) for n, r in t.items()} for dt, t in d[key].items()}
+        for k in ("memory_bandwidth_measured", "op_overhead_measured"):
+            if k in d:
+                d[k] = {int(n): _number(v) for n, v in d[k].items()}
+    except (TypeError, ValueError, AttributeError):
+        raise PtdError(f"{name}: measured tables want workers = number (e.g. 1 = 2.5e10)") from None
     if "blocking_wait_measured" in d:
         try:
             d["blocking_wait_measured"] = {
                 int(n): tuple((float(c), float(w)) for c, w in pts)
                 for n, pts in d["blocking_wait_measured"].items()}
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, AttributeError):
             raise PtdError(f"{name}: blocking_wait_measured wants workers = [[chunk, wait], "
                            "...] (seconds)") from None
     if "collectives" in d:
-        d["collectives"] = tuple(c if isinstance(c, CollectiveFit) else CollectiveFit(**c)
-                                 for c in d["collectives"])
+        try:
+            d["collectives"] = tuple(c if isinstance(c, CollectiveFit) else CollectiveFit(**c)
+                                     for c in d["collectives"])
+        except TypeError as e:
+            raise PtdError(f"{name}: bad collectives table ({e})") from None
     if base is not None:
         return get_hardware_preset(base).replace(**d)
     d.setdefault("name", name)
@@ -505,10 +520,18 @@ def load_hardware(ref: str | HardwareSpec) -> HardwareSpec:
             path = candidate
         else:
             return get_hardware_preset(ref)  # raises with the choices
-    if not path.is_file():
-        raise PtdError(f"hardware file not found: {path}")
+    from .typecheck import read_text_file
+    text = read_text_file(path, "hardware")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise PtdError(f"cannot parse {path}: {e}") from None
-    return hardware_from_dict(data.get("hardware", data), path.stem)
+    table = data.get("hardware", data)
+    if not isinstance(table, dict):
+        raise PtdError(f"hardware {str(path)!r}: [hardware] must be a table")
+    try:
+        return hardware_from_dict(table, path.stem)
+    except PtdError as e:  # name the file the user gave, not only its stem
+        import re
+        msg = re.sub(r"^(hardware [^:]+: |" + re.escape(path.stem) + ": )", "", str(e))
+        raise PtdError(f"hardware {str(path)!r}: {msg}") from None

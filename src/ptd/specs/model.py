@@ -17,12 +17,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import PtdError
+from .typecheck import check_instance, read_text_file
+
+MODEL_CAPS = {"n_layers": 100_000, "hidden": 2**20, "n_heads": 2**16, "n_kv_heads": 2**16,
+              "ffn_hidden": 2**22, "vocab_size": 2**24, "max_seq_len": 2**27, "head_dim": 2**16,
+              "n_experts": 2**16, "top_k": 2**16}
+"""Sizes no real model reaches (the largest published: ~200 layers, hidden 25,600, vocab
+~256k, 10M context): beyond them an input is a typo (``n_layers = 1000000000``) that would
+otherwise exhaust memory in the cost model before any check on memory runs."""
 
 MlpKind = Literal["gelu", "swiglu"]
 NormKind = Literal["layernorm", "rmsnorm"]
@@ -86,13 +95,19 @@ class ModelSpec:
     """Standard deviation of the normal initialisation of weight matrices."""
 
     def __post_init__(self) -> None:
-        if self.head_dim == 0:
+        if self.head_dim == 0 and all(isinstance(getattr(self, f), int) and not isinstance(
+                getattr(self, f), bool) for f in ("hidden", "n_heads")):
             object.__setattr__(self, "head_dim", self.hidden // max(self.n_heads, 1))
         self.validate()
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
         """Raise :class:`PtdError` with one sentence when the shape is impossible."""
+        check_instance(self, f"model {self.name}: ")
+        for f, cap in MODEL_CAPS.items():
+            if isinstance(getattr(self, f), int) and getattr(self, f) > cap:
+                raise PtdError(f"model {self.name}: {f} = {getattr(self, f)} is beyond any real "
+                               f"model (at most {cap})")
         for f in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size",
                   "max_seq_len", "head_dim"):
             v = getattr(self, f)
@@ -120,7 +135,7 @@ class ModelSpec:
                            f"must not be negative (capacity_factor 0 is dropless)")
         if not 0.0 <= self.dropout < 1.0:
             raise PtdError(f"model {self.name}: dropout must be in [0, 1), got {self.dropout}")
-        if self.norm_eps <= 0 or self.rope_theta <= 0 or self.init_std <= 0:
+        if not all(math.isfinite(v) and v > 0 for v in (self.norm_eps, self.rope_theta, self.init_std)):
             raise PtdError(f"model {self.name}: norm_eps, rope_theta and init_std must be positive")
 
     # ------------------------------------------------------------- counting
@@ -299,6 +314,8 @@ def _from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
             top_k=cfg.get("num_experts_per_tok", 0) if cfg.get("num_local_experts") else 0)
     except KeyError as e:
         raise PtdError(f"{name}: Hugging Face config lacks key {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:  # a value of the wrong type, e.g. "rope_theta": "x"
+        raise PtdError(f"{name}: Hugging Face config has a value of the wrong type ({e})") from None
 
 
 def _from_mapping(d: dict[str, Any], name: str) -> ModelSpec:
@@ -338,9 +355,7 @@ def load_model(ref: str | dict[str, Any] | ModelSpec) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     if path.suffix in (".toml", ".json") or path.exists():
-        if not path.is_file():
-            raise PtdError(f"model file not found: {path}")
-        text = path.read_text()
+        text = read_text_file(path, "model")
         try:
             if path.suffix == ".toml":
                 data = tomllib.loads(text)

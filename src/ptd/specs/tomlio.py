@@ -54,10 +54,10 @@ def dumps(data: dict[str, Any], _prefix: str = "") -> str:
 
 
 def load(path: str | Path) -> dict[str, Any]:
+    from .typecheck import read_text_file
     p = Path(path)
-    if not p.is_file():
-        raise PtdError(f"config file not found: {p}")
+    text = read_text_file(p, "config")
     try:
-        return tomllib.loads(p.read_text())
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise PtdError(f"cannot parse {p}: {e}") from None

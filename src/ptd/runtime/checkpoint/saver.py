@@ -114,8 +114,12 @@ class Checkpointer:
             upload = getattr(resp, "upload_completion", resp)
             self._pending = self._executor.submit(self._complete, upload, tmp, final, meta, records, t0)
         else:
-            dcp.save(sd, checkpoint_id=str(tmp), process_group=self.group)
-            self._complete(None, tmp, final, meta, records, t0)
+            try:
+                dcp.save(sd, checkpoint_id=str(tmp), process_group=self.group)
+                self._complete(None, tmp, final, meta, records, t0)
+            except Exception as e:  # noqa: BLE001 - a full disk is one line; the rest re-raised
+                disk_full(e, tmp, step, self.saved)
+                raise
         self.save_seconds.append(time.perf_counter() - t0)
         if self.dims.is_main and self.async_save:
             trainer.log.note(f"ptd: checkpoint of step {step} staged in {self.save_seconds[-1]:.2f} s; "
@@ -180,3 +184,18 @@ class Checkpointer:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+
+
+def disk_full(e: BaseException, tmp: Path, step: int, saved: list[Path]) -> None:
+    """Remove the partial checkpoint ``tmp``; if ``e`` is a full disk (ENOSPC, also when
+    DCP wraps it), raise a one-line :class:`PtdFault` naming the path instead."""
+    import errno
+
+    from ...errors import PtdFault
+    shutil.rmtree(tmp, ignore_errors=True)  # the previous checkpoint stays the newest
+    text = f"{e!r} {e}"
+    if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in text:
+        path = getattr(e, "filename", None) or tmp
+        prev = f"{saved[-1]} stays the newest" if saved else "no earlier checkpoint"
+        raise PtdFault(f"disk full: no space left on device writing {path} (checkpoint of "
+                       f"step {step}); the partial checkpoint was removed, {prev}") from e

@@ -1,0 +1,100 @@
+"""Flags that would do nothing, or contradict each other, are refused rather than ignored.
+
+Each ``ptd`` command calls its function here once, after parsing and before any work, so
+that the rules live in one file (docs/errors.md lists them). Flags whose value is only
+used in one mode default to None in the parser; a value given outside that mode is
+refused, and the mode's default is filled in here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from .errors import PtdError
+
+PLAN_TRY_DEFAULTS = {"repeats": 2, "tolerance": 0.10, "try_dir": "runs/plan-try",
+                     "run_timeout": 300.0, "no_layouts": False}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _fix_fields(specs: list[str]) -> None:
+    """A field held twice (``--fix tp=2 --fix tp=4``) would silently keep the last."""
+    from .planner.search import FIX_ALIASES
+    seen: set[str] = set()
+    for spec in specs:
+        for item in spec.split(","):
+            key = FIX_ALIASES.get(item.partition("=")[0].strip(), item.partition("=")[0].strip())
+            if not key:
+                continue
+            if key in seen:
+                raise PtdError(f"--fix: {key} is given more than once")
+            seen.add(key)
+
+
+def _timeout(v: Any, flag: str) -> None:
+    if v is not None and not (isinstance(v, (int, float)) and 0 < v < 1e7):
+        raise PtdError(f"{flag} must be > 0 seconds (and below 1e7), got {v}")
+
+
+def plan(a: argparse.Namespace) -> None:
+    """``ptd plan``: --try's own flags need --try; --fix fields once; paths writable;
+    --run and --try measure here, so the hardware must describe this host."""
+    _fix_fields(a.fix or [])
+    try_k = getattr(a, "try_k", None)
+    for name, default in PLAN_TRY_DEFAULTS.items():
+        v = getattr(a, name, None)
+        unset = v is None or v is False  # (not ``in (None, False)``: 0 == False)
+        if not try_k and not unset:
+            raise PtdError(f"{_flag(name)} only applies with --try K")
+        if unset:
+            setattr(a, name, default)
+    _timeout(a.run_timeout, "--run-timeout")
+    from .safeio import check_writable
+    if a.output:
+        check_writable(a.output, "--output", kind="file")
+    if try_k:
+        check_writable(a.try_dir, "--try-dir")
+    if a.run or try_k:
+        from .runtime.preflight import wrong_hardware
+        from .specs import load_hardware
+        problem = wrong_hardware(load_hardware(a.hardware), _gpus())
+        if problem:
+            raise PtdError(f"{'--run' if a.run else '--try'} measures on this host: {problem}")
+
+
+def bench(a: argparse.Namespace) -> None:
+    """``ptd bench``: a positive --run-timeout, a writable --out, and predictions for the
+    hardware the rows run on."""
+    _timeout(a.run_timeout, "--run-timeout")
+    from .safeio import check_writable
+    check_writable(a.out, "--out")
+    if a.hardware:
+        from .runtime.preflight import wrong_hardware
+        from .specs import load_hardware
+        problem = wrong_hardware(load_hardware(a.hardware), _gpus())
+        if problem:
+            raise PtdError(problem)
+
+
+def train(a: argparse.Namespace, cfg: Any) -> None:
+    """``ptd train``: flags that would be ignored or cannot hold on this host."""
+    if a.resume is not None and not a.resume.strip():
+        raise PtdError("--resume needs a run folder, a checkpoint folder or auto; got ''")
+    if a.init_from is not None and not a.init_from.strip():
+        raise PtdError("--init-from needs a Hugging Face folder; got ''")
+    if a.warmup is not None and a.warmup >= cfg.steps:
+        raise PtdError(f"--warmup {a.warmup} >= --steps {cfg.steps}: the learning rate would "
+                       "never leave the warm-up")
+    cores = os.cpu_count() or 1
+    if a.threads is not None and a.threads > cores:
+        raise PtdError(f"--threads {a.threads}: this host has {cores} CPU core(s)")
+
+
+def _gpus() -> int:
+    from .runtime.launch import gpu_count
+    return gpu_count()

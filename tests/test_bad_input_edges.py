@@ -1,0 +1,255 @@
+"""Issue 21, one class of bad input per test: every one is one line ``ptd <cmd>: error:
+...``, exit code 2, before anything is started or written. Faults of the machine (a full
+disk) and bugs (an unexpected exception) are one line and exit 1. All in this process;
+one short training run (world of one, tiny model) for the cases that need a real run.
+"""
+
+import errno
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import forbid_processes
+from ptd.cli import main
+from ptd.errors import PtdError, PtdFault
+
+ROOT = Path(__file__).resolve().parents[1]
+ONE_LINE = re.compile(r"^ptd( [a-z]+)?: error: [^\n]+\n$")
+
+
+@pytest.fixture
+def home(monkeypatch, tmp_path):
+    monkeypatch.setenv("PTD_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def refused(capfd, *argv, code=2, match=None):
+    """Run ``ptd argv`` in process; hold the one-line contract; return stderr."""
+    rc = main([str(a) for a in argv])
+    err = capfd.readouterr().err
+    assert rc == code, (argv, rc, err)
+    assert ONE_LINE.match(err) and "Traceback" not in err, err
+    assert err.startswith(f"ptd {argv[0]}: error: "), err
+    if match:
+        assert re.search(match, err), err
+    return err
+
+
+@pytest.fixture
+def files(home):
+    (home / "bin.toml").write_bytes(b"\xff\xfe\x00\x81binary\x00")
+    (home / "bin.json").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    hf = home / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2,
+        "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
+        "vocab_size": 256, "rope_theta": "fast"}))
+    (home / "neg.toml").write_text('preset = "h100-sxm"\n[intra_node]\nbandwidth = -5e9\n'
+                                   'latency = 1e-6\n')
+    (home / "frac.toml").write_text('preset = "cpu"\ndevices_per_node = 2.5\n')
+    (home / "infpeak.toml").write_text('preset = "cpu"\n[peak_flops]\nfp32 = inf\n')
+    (home / "strtype.toml").write_text('preset = "tiny"\nnorm_eps = "small"\n')
+    (home / "huge.toml").write_text('preset = "tiny"\nn_layers = 1000000000\n')
+    (home / "hugef.toml").write_text('preset = "tiny"\nn_layers = 1e9\n')
+    return home
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["estimate", "--model", "bin.toml"], r"model 'bin.toml' is not UTF-8"),
+    (["estimate", "--model", "bin.json"], r"not UTF-8"),
+    (["estimate", "--model", "hf"], r"hf: Hugging Face config has a value of the wrong type"),
+    (["estimate", "--model", "tiny", "--hardware", "bin.toml"], r"hardware 'bin.toml' is not UTF-8"),
+    (["train", "--config", "bin.toml", "--dry-run"], r"config 'bin.toml' is not UTF-8"),
+    (["estimate", "--model", "tiny", "--hardware", "neg.toml", "--gpus", "1"],
+     r"hardware 'neg.toml': intra_node.bandwidth must be > 0, got -5000000000.0"),
+    (["estimate", "--model", "tiny", "--hardware", "frac.toml", "--gpus", "1"],
+     r"devices_per_node must be an integer, got 2.5"),
+    (["estimate", "--model", "tiny", "--hardware", "infpeak.toml", "--gpus", "1"], r"peak_flops"),
+    (["estimate", "--model", "strtype.toml"], r"norm_eps must be a finite number, got 'small'"),
+    (["estimate", "--model", "huge.toml"], r"n_layers = 1000000000 is beyond any real model"),
+    (["estimate", "--model", "hugef.toml"], r"n_layers must be an integer, got 1000000000.0"),
+    (["estimate", "--model", "tiny", "--gpus", "9" * 400], r"positive integer"),
+    (["plan", "--model", "tiny", "--gpus", "9" * 5000], r"positive integer"),
+])
+def test_bad_files_values_and_sizes(capfd, files, argv, match):
+    refused(capfd, *argv, match=match)
+
+
+def test_damaged_calibrated_profile_refused_up_front(capfd, home, monkeypatch):
+    forbid_processes(monkeypatch)
+    prof = home / "home" / "hardware"
+    prof.mkdir(parents=True)
+    (prof / "calibrated.toml").write_text('[hardware]\npreset = "cpu"\nmemory_bandwidth = nan\n')
+    # auto resolves to the calibrated profile: refused in a dry run, before any data or folder
+    refused(capfd, "train", "--model", "tiny", "--nproc", "1", "--dry-run", "--out", "r",
+            match=r"calibrated.toml.: memory_bandwidth must be a finite number, got nan")
+    assert not (home / "r").exists()
+    refused(capfd, "estimate", "--model", "tiny", "--hardware", "calibrated", match="calibrated")
+
+
+def test_unknown_hardware_refused_in_dry_run(capfd, home, monkeypatch):
+    forbid_processes(monkeypatch)
+    refused(capfd, "train", "--model", "tiny", "--nproc", "1", "--hardware", "tpu9", "--dry-run",
+            "--out", "r", match="unknown hardware 'tpu9'")
+    assert not (home / "r").exists()
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["train", "--model", "tiny", "--nproc", "1", "--dry-run", "--out", "afile/sub"], "is a file"),
+    (["train", "--model", "tiny", "--nproc", "1", "--dry-run", "--out", "r",
+      "--checkpoint-dir", "/proc/nope"], "--checkpoint-dir '/proc/nope' is not writable"),
+    (["report", "RUN", "--out", "afile/x.html"], "is a file"),
+    (["export", "RUN", "--out", "afile/hf"], "is a file"),
+    (["bench", "scaling", "--out", "afile/b"], "is a file"),
+    (["plan", "--model", "tiny", "--hardware", "cpu", "--gpus", "2", "--try", "1",
+      "--try-dir", "afile/t"], "is a file"),
+    (["plan", "--model", "tiny", "--gpus", "2", "--export", "ptd", "-o", "afile/p.toml"], "is a file"),
+    (["calibrate", "--out", "afile/c.toml"], "is a file"),
+    (["calibrate", "--out", "/proc/c.toml"], "not writable"),
+])
+def test_unwritable_output_refused_before_work(capfd, home, monkeypatch, argv, match):
+    forbid_processes(monkeypatch)  # nothing may be measured or trained first
+    import ptd.runtime.calibrate as cal
+    monkeypatch.setattr(cal, "calibrate", lambda *a, **k: pytest.fail("measured first"))
+    (home / "afile").write_text("x")
+    run = home / "RUN"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    argv = [str(run) if a == "RUN" else a for a in argv]
+    refused(capfd, *argv, match=re.escape(match))
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["plan", "--model", "tiny", "--gpus", "2", "--repeats", "3"], "--repeats only applies with --try"),
+    (["plan", "--model", "tiny", "--gpus", "2", "--tolerance", "0.2"], "--tolerance only applies"),
+    (["plan", "--model", "tiny", "--gpus", "2", "--run-timeout", "5"], "--run-timeout only applies"),
+    (["plan", "--model", "tiny", "--gpus", "2", "--fix", "tp=2", "--fix", "tp=1"], "tp is given more"),
+    (["plan", "--model", "tiny", "--gpus", "2", "--fix", "zero=1,zero=2"], "zero is given more"),
+    (["plan", "--model", "tiny", "--hardware", "cpu", "--gpus", "2", "--try", "1",
+      "--run-timeout", "0"], "--run-timeout must be > 0"),
+    (["plan", "--model", "tiny", "--hardware", "cpu", "--gpus", "2", "--try", "1",
+      "--run-timeout", "-3"], "--run-timeout must be > 0"),
+    (["bench", "scaling", "--run-timeout", "0"], "--run-timeout must be > 0"),
+    (["bench", "scaling", "--run-timeout", "nan"], "--run-timeout must be > 0"),
+    (["bench", "scaling", "--strategies", "ddp,zero1,ddp"], "named twice"),
+    (["train", "--model", "tiny", "--resume", ""], "--resume needs"),
+    (["train", "--model", "tiny", "--steps", "5", "--warmup", "5"], "--warmup 5 >= --steps 5"),
+    (["train", "--model", "tiny", "--threads", "100000"], "--threads 100000: this host has"),
+])
+def test_flags_without_effect_refused(capfd, home, monkeypatch, argv, match):
+    forbid_processes(monkeypatch)
+    refused(capfd, *argv, match=re.escape(match))
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "--model", "tiny", "--gpus", "2", "--run", "--hardware", "h100-sxm"],
+    ["plan", "--model", "tiny", "--gpus", "2", "--try", "1", "--hardware", "h100-sxm"],
+    ["bench", "scaling", "--hardware", "h100-sxm", "--out", "b"],
+    ["train", "--model", "tiny", "--nproc", "1", "--hardware", "h100-sxm", "--out", "r"],
+])
+def test_measuring_against_another_hardware_refused(capfd, home, monkeypatch, argv):
+    import ptd.runtime.launch as launch
+    if launch.gpu_count():
+        pytest.skip("this host has a GPU: the H100 profile may describe it")
+    forbid_processes(monkeypatch)
+    refused(capfd, *argv, match="describes a GPU and this host has none")
+
+
+def test_memory_beyond_the_host_refused_in_dry_run(capfd, home, monkeypatch):
+    forbid_processes(monkeypatch)
+    refused(capfd, "train", "--model", "llama3-8b", "--nproc", "1", "--dry-run", "--out", "r",
+            match=r"GiB predicted = .* more than this host's")
+    assert not (home / "r").exists()
+
+
+def test_unexpected_error_is_one_line_with_a_log_and_debug_shows_it(capfd, home, monkeypatch):
+    import ptd.commands.calc as calc
+
+    def bug(a):
+        raise KeyError("planted")
+    monkeypatch.setattr(calc, "run", bug)
+    err = refused(capfd, "calc", "--flops", "1", code=1, match=r"unexpected KeyError")
+    log = Path(re.search(r"traceback in (\S+);", err).group(1))
+    assert log.is_file() and "Traceback" in log.read_text() and "planted" in log.read_text()
+    with pytest.raises(KeyError, match="planted"):
+        main(["calc", "--flops", "1", "--debug"])
+    monkeypatch.setenv("PTD_DEBUG", "1")
+    with pytest.raises(KeyError, match="planted"):
+        main(["calc", "--flops", "1"])
+
+
+def test_disk_full_is_one_line_naming_the_path_exit_1(capfd, home, monkeypatch):
+    import ptd.commands.calc as calc
+
+    def full(a):
+        raise OSError(errno.ENOSPC, "No space left on device", str(home / "out.json"))
+    monkeypatch.setattr(calc, "run", full)
+    refused(capfd, "calc", "--flops", "1", code=1, match=r"disk full writing \S*out.json")
+
+
+def test_atomic_write_on_a_full_disk_keeps_the_old_file(home, monkeypatch):
+    """ENOSPC simulated at the write boundary (os.fsync raises; no root mount needed)."""
+    import os
+
+    from ptd.safeio import atomic_write_text
+    target = home / "summary.json"
+    target.write_text('{"old": 1}')
+
+    def enospc(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fsync", enospc)
+    with pytest.raises(PtdFault, match=r"disk full writing .*summary.json"):
+        atomic_write_text(target, '{"new": 2}')
+    assert target.read_text() == '{"old": 1}'
+    assert sorted(p.name for p in home.iterdir() if p.is_file()) == ["summary.json"]
+
+
+def test_run_lock_refuses_a_second_holder_naming_the_first(capfd, home, monkeypatch):
+    forbid_processes(monkeypatch)
+    from ptd.safeio import run_lock
+    corpus = home / "c.txt"
+    corpus.write_text((ROOT / "README.md").read_text())
+    with run_lock(home / "r"):
+        refused(capfd, "train", "--model", "tiny", "--nproc", "1", "--dry-run", "--out", "r",
+                "--data", corpus, "--global-batch", "4", "--seq-len", "32",
+                match=rf"run folder 'r' is in use by pid {__import__('os').getpid()}")
+        assert not (home / "r" / "config.toml").exists()
+    assert main(["train", "--model", "tiny", "--nproc", "1", "--dry-run", "--out", "r", "--data",
+                 str(corpus), "--global-batch", "4", "--seq-len", "32"]) == 0
+
+
+def test_check_writable_creates_nothing(home):
+    from ptd.safeio import check_writable
+    check_writable(home / "a" / "b" / "c", "--out")
+    assert not (home / "a").exists()
+    assert [p.name for p in home.iterdir()] == []
+    with pytest.raises(PtdError, match="empty"):
+        check_writable("", "--out")
+
+
+def test_json_safe_replaces_non_finite_with_null_and_a_reason(capsys):
+    from ptd.cli import emit_json
+    from ptd.safeio import dumps_strict
+    obj = {"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -float("inf")}, "e": 2.5}
+    text = dumps_strict(obj)
+    back = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
+    assert back == {"a": None, "a_null_reason": "not finite: nan", "b": [1.0, None],
+                    "c": {"d": None, "d_null_reason": "not finite: -inf"}, "e": 2.5}
+    emit_json(obj)
+    assert json.loads(capsys.readouterr().out) == back
+
+
+def test_report_never_overwrites_a_runs_own_file(capfd, home):
+    run = home / "run"
+    run.mkdir()
+    (run / "summary.json").write_text('{"status": "ok", "steps": 1}')
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n')
+    refused(capfd, "report", run, "--out", run / "summary.json",
+            match=r"summary.json' exists; it was not written by this command \(pass --force")
+    assert (run / "summary.json").read_text() == '{"status": "ok", "steps": 1}'
+    assert main(["report", str(run)]) == 0  # its own report.html, twice: allowed
+    assert main(["report", str(run)]) == 0
+    assert (run / "report.html").read_text().startswith("<!DOCTYPE html>")

@@ -1,13 +1,12 @@
 """The cost model against the papers it implements, and its own invariants."""
 
 import json
-import time
 
 import pytest
 
 from ptd.cost import comm, memory as M
 from ptd.cost import params as P
-from ptd.cost.estimate import FREE_KNOBS, CostOptions, choose, estimate
+from ptd.cost.estimate import CostOptions, choose, estimate
 from ptd.cost.flops import flops_per_token, megatron_flops_per_iteration
 from helpers import gpt
 from ptd.specs import ClusterSpec, ParallelPlan, get_preset, load_hardware

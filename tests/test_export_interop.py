@@ -13,7 +13,6 @@ runs them from a checkout, by hand (docs/exports.md).
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest

@@ -4,7 +4,6 @@ they come from; nothing is installed)."""
 
 import json
 import re
-import tomllib
 
 import pytest
 
@@ -13,7 +12,7 @@ from ptd.cost.estimate import CostOptions
 from ptd.planner import export as X
 from ptd.planner import export_deepspeed
 from ptd.planner.search import search
-from ptd.specs import ClusterSpec, get_preset, load_config, load_hardware
+from ptd.specs import get_preset, load_config
 from ptd.errors import PtdError
 
 # ---------------------------------------------------------------- torchtitan

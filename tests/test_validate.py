@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ptd.cost.compute import Gemm, gemm_time, shape_efficiency
-from ptd.cost.validate import (case_cluster, case_model, case_plan, case_stack, load_cases,
+from ptd.cost.validate import (case_model, case_plan, case_stack, load_cases,
                                network_per_gpu, price, summarize)
 from ptd.errors import PtdError
 from ptd.specs.hardware import get_hardware_preset
@@ -174,7 +174,7 @@ def test_malformed_cases_file_is_one_line_exit_2(tmp_path, content, message):
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]
-    assert lines[0].startswith(("ptd: error:", "ptd validate: error:"))
+    assert lines[0].startswith("ptd validate: error:")
 
 
 # ------------------------------------------------------------------ the planner follows

@@ -152,7 +152,6 @@ def run(a: argparse.Namespace) -> int:
 
 
 def try_plans(a: argparse.Namespace, res, opts) -> int:  # type: ignore[no-untyped-def]
-    import json
 
     from ..planner import trial
     c = res.cluster

@@ -87,7 +87,7 @@ def memo_by_model(fn: Callable[..., T] | None = None, *, maxsize: int = 16384) -
 @memo_by_model
 def layer_params(model: ModelSpec) -> tuple[Param, ...]:
     """The tensors of one transformer block, in the runtime's registration order."""
-    h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
+    h, q, kv = model.hidden, model.q_dim, model.kv_dim
     ln = model.norm == "layernorm"
     out: list[Param] = [Param("attention_norm.weight", (h,), None, False)]
     if ln:

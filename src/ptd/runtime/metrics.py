@@ -21,7 +21,6 @@ end, set-up included), ``train_time_s``, ``world_size``, ``plan``, ``plan_desc``
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any

@@ -295,6 +295,5 @@ def comparison_table(s: dict[str, Any]) -> str:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    import json
     from ...safeio import atomic_write_text, dumps_strict
     atomic_write_text(path, dumps_strict(obj, indent=2, default=str) + "\n")

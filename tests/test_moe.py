@@ -141,9 +141,19 @@ def test_grouped_mm_equals_a_loop_including_empty_groups():
 
 
 def test_step_metrics_single_process():
+    # a one-rank group of its own, destroyed after: later tests create theirs
     import torch.distributed as dist
-    if not dist.is_initialized():
+    created = not dist.is_initialized()
+    if created:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        _check_step_metrics()
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+def _check_step_metrics():
     model = materialize(build_model(SPEC), "cpu", 0)
     x = torch.randint(0, 256, (2, 16))
     model(x).sum().backward()

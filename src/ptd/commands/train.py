@@ -41,6 +41,9 @@ def add(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp", type=positive_int, help="data-parallel replicas")
     g.add_argument("--tp", type=positive_int, help="tensor-parallel degree (consecutive ranks)")
     g.add_argument("--pp", type=positive_int, help="pipeline-parallel stages (ranks)")
+    g.add_argument("--cp", type=positive_int,
+                   help="context-parallel degree: each sequence split zig-zag over cp ranks, "
+                        "K/V gathered per layer (seq-len divisible by 2*cp; zero 0/1, RoPE)")
     g.add_argument("--vpp", type=positive_int, help="virtual pipeline stages per rank")
     g.add_argument("--sp", action="store_true", default=None,
                    help="sequence parallel (norms sharded along the sequence; needs tp > 1)")
@@ -103,7 +106,7 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="validate and write OUT/config.toml, start nothing (--nproc = total world)")
 
 
-_PLAN_FLAGS = ("dp", "tp", "pp", "vpp", "sp", "schedule", "uneven_stages", "zero", "micro_batch",
+_PLAN_FLAGS = ("dp", "tp", "pp", "cp", "vpp", "sp", "schedule", "uneven_stages", "zero", "micro_batch",
                "global_batch", "seq_len", "recompute", "dtype", "offload", "grad_compression")
 _TOP_FLAGS = {"steps": "steps", "seed": "seed", "out": "out", "compile": "compile",
               "threads": "threads", "timeout": "timeout_s", "max_restarts": "max_restarts",
@@ -145,9 +148,10 @@ def resolve(a: argparse.Namespace):  # -> tuple[TrainConfig, int]
         cfg = cfg.replace(model=load_model(a.init_from))  # the check of init_from explains the rest
     plan = cfg.plan.replace(**{k: getattr(a, k) for k in _PLAN_FLAGS if getattr(a, k) is not None})
     if a.nproc is not None and a.dp is None:
-        per_replica = plan.tp * plan.pp
+        per_replica = plan.tp * plan.pp * plan.cp
         if a.nproc % per_replica:
-            raise PtdError(f"--nproc {a.nproc} is not divisible by tp*pp = {per_replica}")
+            what = "tp*pp*cp" if plan.cp > 1 else "tp*pp"
+            raise PtdError(f"--nproc {a.nproc} is not divisible by {what} = {per_replica}")
         plan = plan.replace(dp=a.nproc // per_replica)
     optim = cfg.optim
     if a.lr is not None:

@@ -60,12 +60,13 @@ def check_runtime(cfg: TrainConfig, nproc: int, this_host: bool = True) -> None:
     """What the plan allows but this runtime cannot do (yet), or this machine cannot.
     ``this_host``: all ``nproc`` workers run here (not so for a multi-node dry run)."""
     # the launcher imports nothing of the parallel runtime, which every worker imports again
-    from .limits import pp_problem, tp_problem
+    from .limits import cp_problem, pp_problem, tp_problem
     plan = cfg.plan
     problem = tp_problem(cfg.model, plan) or pp_problem(cfg.model, plan, compile=cfg.compile)
+    problem = problem or cp_problem(cfg.model, plan)
     if problem:
         raise PtdError(problem)
-    if plan.grad_compression != "none" and (plan.tp > 1 or plan.pp > 1):
+    if plan.grad_compression != "none" and (plan.tp > 1 or plan.pp > 1 or plan.cp > 1):
         raise PtdError("gradient compression hooks need DDP, which tp > 1 or pp > 1 do not use "
                        "(their gradients are averaged over dp by the runner); use none")
     if cfg.model.is_moe:

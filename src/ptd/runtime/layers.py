@@ -83,6 +83,8 @@ class Attention(nn.Module):
         self.wv = nn.Linear(spec.hidden, spec.kv_dim, bias=spec.bias)
         self.wo = nn.Linear(spec.q_dim, spec.hidden, bias=spec.bias)
         self.recompute_core = False
+        self.cp = None
+        """Context parallelism's core (:class:`ptd.runtime.parallel.cp.CPAttention`) or None."""
 
     def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
         b, s, _ = x.shape
@@ -96,6 +98,8 @@ class Attention(nn.Module):
         return F.dropout(self.wo(y.reshape(b, s, -1)), self.dropout, self.training)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: Rope) -> torch.Tensor:
+        if self.cp is not None:  # a zig-zag slice of the sequence: global positions, gathered K/V
+            return self.cp(q, k, v, rope)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         y = F.scaled_dot_product_attention(

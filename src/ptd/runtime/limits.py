@@ -61,3 +61,20 @@ def tp_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
         return (f"{model.name}: sequence parallel needs RoPE positions; learned position "
                 f"embeddings are added to the whole sequence (use --sp only with RoPE models)")
     return None
+
+
+def cp_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
+    """Why this runtime cannot run ``plan``'s context parallelism, or None (divisibility of
+    the sequence is ``ParallelPlan.validate``'s)."""
+    if plan.cp == 1:
+        return None
+    if model.position == "learned":
+        return (f"{model.name}: context parallel needs RoPE positions (each rank rotates its "
+                f"tokens by their global positions); learned position embeddings are not wired")
+    if plan.zero >= 2:
+        return "context parallel runs with zero 0 or 1 (gradients averaged over dp*cp explicitly)"
+    if plan.sp:
+        return "context parallel with sequence parallel is not supported; drop --sp"
+    if model.dropout > 0:
+        return "context parallel needs dropout 0 (attention is computed blockwise, without dropout)"
+    return None

@@ -49,6 +49,8 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dp", type=positive_int, help="data parallel (default gpus/(tp*pp))")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor parallel (1)")
     p.add_argument("--pp", type=positive_int, default=1, help="pipeline parallel (1)")
+    p.add_argument("--cp", type=positive_int, default=1,
+                   help="context parallel (1): sequence split over cp ranks, K/V exchanged per layer")
     p.add_argument("--vpp", type=positive_int, help="virtual stages per pipeline rank (chosen)")
     p.add_argument("--zero", type=nonneg_int, choices=[0, 1, 2, 3], help="ZeRO stage (chosen)")
     p.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
@@ -84,17 +86,17 @@ def run(a: argparse.Namespace) -> int:
     from ..specs import ParallelPlan
 
     model, cluster, opts = resolve(a)
-    tp, pp = a.tp, a.pp
+    tp, pp, cp = a.tp, a.pp, a.cp
     if a.dp is None:
-        if a.gpus % (tp * pp):
-            raise PtdError(f"{a.gpus} devices are not divisible by tp*pp = {tp}*{pp}")
-        dp = a.gpus // (tp * pp)
+        if a.gpus % (tp * pp * cp):
+            raise PtdError(f"{a.gpus} devices are not divisible by tp*pp*cp = {tp}*{pp}*{cp}")
+        dp = a.gpus // (tp * pp * cp)
     else:
         dp = a.dp
     seq = a.seq_len or default_seq_len(model)
     gb = a.global_batch or default_global_batch(seq, dp)
     free = []
-    fixed = dict(dp=dp, tp=tp, pp=pp, global_batch=gb, seq_len=seq, dtype=a.dtype, offload=a.offload,
+    fixed = dict(dp=dp, tp=tp, pp=pp, cp=cp, global_batch=gb, seq_len=seq, dtype=a.dtype, offload=a.offload,
                  uneven_stages=a.uneven_stages)
     for knob, val, default in [("micro_batch", a.micro_batch, 1), ("zero", a.zero, 0),
                                ("recompute", a.recompute, "none"), ("vpp", a.vpp, 1),
@@ -138,6 +140,9 @@ def render(e) -> str:
     st = e.step
     rows = [(k, duration(getattr(st, k)), pct(getattr(st, k) / st.total))
             for k in ("compute", "tp_comm", "pp_comm", "dp_comm_exposed", "bubble", "optimizer")]
+    if p.cp > 1:
+        rows.append(("cp_comm", duration(st.cp_comm),
+                     f"{pct(st.cp_comm / st.total)} (of {duration(st.cp_comm_total)} K/V exchange)"))
     rows.append(("total", duration(st.total), ""))
     lines += ["", "step time", table(rows, header=("part", "time", "share"), align="lrr")]
     n = c.n_devices

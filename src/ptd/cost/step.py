@@ -36,6 +36,7 @@ from ..specs.layout import axis_node_split
 from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
 from . import compute as C
+from . import context as CX
 from . import params as P
 from .memory import ZERO2_BUCKET_BYTES
 from .comm import collective_time
@@ -65,6 +66,9 @@ class StepBreakdown:
     recompute: float = 0.0
     dp_comm_total: float = 0.0
     """All data-parallel communication, hidden or not."""
+    cp_comm: float = 0.0
+    """Context-parallel K/V exchange not hidden behind attention (:mod:`.context`)."""
+    cp_comm_total: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -72,7 +76,7 @@ class StepBreakdown:
     @property
     def largest(self) -> str:
         parts = {k: getattr(self, k) for k in ("compute", "tp_comm", "pp_comm", "dp_comm_exposed",
-                                               "bubble", "optimizer")}
+                                               "bubble", "optimizer", "cp_comm")}
         return max(parts, key=parts.get)  # type: ignore[arg-type]
 
 
@@ -112,15 +116,18 @@ def _coll(kind: str, nbytes: float, n: int, hw, nodes: int = 1,  # type: ignore[
 
 
 def _group(plan: ParallelPlan, cluster: ClusterSpec, axis: str) -> tuple[int, int, int]:
+    if axis == "dp" and plan.cp > 1:  # cp joins dp for gradient averaging
+        return CX.grad_group(plan, cluster.devices_per_node)
     n = {"tp": plan.tp, "dp": plan.dp, "pp": plan.pp}[axis]
-    nodes, per_node = _node_split(axis, plan.dp, plan.tp, plan.pp, cluster.devices_per_node)
+    nodes, per_node = _node_split(axis, plan.dp, plan.tp, plan.pp, cluster.devices_per_node, plan.cp)
     return n, nodes, per_node
 
 
 @lru_cache(maxsize=4096)
-def _node_split(axis: str, dp: int, tp: int, pp: int, devices_per_node: int) -> tuple[int, int]:
+def _node_split(axis: str, dp: int, tp: int, pp: int, devices_per_node: int, cp: int = 1
+                ) -> tuple[int, int]:
     """:func:`axis_node_split`, memoised (placement depends on the degrees alone)."""
-    return axis_node_split(axis, ParallelPlan(dp=dp, tp=tp, pp=pp), devices_per_node)  # type: ignore[arg-type]
+    return axis_node_split(axis, ParallelPlan(dp=dp, tp=tp, pp=pp, cp=cp), devices_per_node)  # type: ignore[arg-type]
 
 
 def shared_rate_ratio(cluster: ClusterSpec, dtype: str, busy: float) -> float:
@@ -150,7 +157,7 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     hw = cluster.hardware
     ab = DTYPE_BYTES[plan.dtype]
     rate = cluster.gemm_rate(plan.dtype)
-    s, mb, m = plan.seq_len, plan.micro_batch, plan.n_microbatches
+    s, mb, m = CX.local_seq(plan), plan.micro_batch, plan.n_microbatches  # s: this rank's tokens
     tokens = s * mb
     bw, ovh = cluster.memory_bandwidth, cluster.op_overhead
     dt_ovh = (cluster.overhead("dtensor_op") or 0.0) if plan.tp > 1 else 0.0
@@ -198,7 +205,9 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
         if worst is None or key > worst[0]:
             worst = (key, f, b, rc, tf, tb, nl, wait)
     _, f, b, rc, tf, tb, nl, wait = worst  # type: ignore[misc]
-    per_mb = f + b + rc + tf + tb
+    cpt = CX.cp_terms(model, plan, cluster, nl)  # context parallel: whole-sequence attention, K/V
+    f, b = f + cpt.attn_forward, b + cpt.attn_backward
+    per_mb = f + b + rc + tf + tb + cpt.comm_exposed
 
     p, v = plan.pp, plan.stages_per_rank
     if p > 1:
@@ -281,7 +290,7 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
             exposed_rs = rs_block + (nl - 1) * max(0.0, rs_block - blk_b)
             dp_exposed = exposed_ag + exposed_rs
 
-    opt_params = local / dp_n if plan.zero >= 1 else local
+    opt_params = local / plan.dp if plan.zero >= 1 else local  # ZeRO shards over dp (not cp)
     n_tensors = len(P.layer_params(model)) * nl + 4
     dtensor_params = plan.tp > 1 or plan.zero >= 3
     per_tensor = cluster.overhead("optimizer_tensor_dtensor" if dtensor_params else "optimizer_tensor")
@@ -296,7 +305,8 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
 
     compute = m * (f + b + rc)
     tp_comm = m * (tf + tb) + tp_step
-    total = compute + tp_comm + pp_comm + bubble + dp_exposed + optimizer
+    total = compute + tp_comm + pp_comm + bubble + dp_exposed + optimizer + m * cpt.comm_exposed
     return StepBreakdown(total=total, compute=compute, tp_comm=tp_comm, pp_comm=pp_comm,
                          dp_comm_exposed=dp_exposed, bubble=bubble, optimizer=optimizer,
-                         forward=m * f, backward=m * b, recompute=m * rc, dp_comm_total=dp_total)
+                         forward=m * f, backward=m * b, recompute=m * rc, dp_comm_total=dp_total,
+                         cp_comm=m * cpt.comm_exposed, cp_comm_total=m * cpt.comm_total)

@@ -39,6 +39,10 @@ def add_plan_flags(p: argparse.ArgumentParser, *, world_flag: str = "--gpus") ->
                    help="fused attention (PyTorch SDPA, default) or one that stores s*s scores")
     p.add_argument("--convention", choices=["ptd", "zero"], default="ptd",
                    help="model-state bytes: ptd runtime (4+4+8) or ZeRO paper (2+2+12)")
+    p.add_argument("--dp-comm", choices=["allreduce", "ps"], default="allreduce",
+                   help="data-parallel gradients by all-reduce (default) or through a "
+                        "synchronous parameter server (--servers S; zero 0/1)")
+    p.add_argument("--servers", type=positive_int, help="parameter servers S (--dp-comm ps)")
     p.add_argument("--no-dp-overlap", action="store_true",
                    help="gradient reduction runs after backward instead of overlapping it")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -72,8 +76,11 @@ def resolve(a: argparse.Namespace):
     model = load_model(a.model)
     hw = load_hardware(a.hardware)
     cluster = ClusterSpec(hw, a.gpus, a.gpus_per_node or 0)
+    dp_comm, servers = getattr(a, "dp_comm", "allreduce"), getattr(a, "servers", None)
+    if (dp_comm == "ps") != (servers is not None):
+        raise PtdError("--dp-comm ps and --servers S go together")
     opts = CostOptions(convention=a.convention, attention=a.attention,
-                       dp_overlap=not a.no_dp_overlap)
+                       dp_overlap=not a.no_dp_overlap, ps_servers=servers or 0)
     return model, cluster, opts
 
 
@@ -98,7 +105,12 @@ def run(a: argparse.Namespace) -> int:
     free = []
     fixed = dict(dp=dp, tp=tp, pp=pp, cp=cp, global_batch=gb, seq_len=seq, dtype=a.dtype, offload=a.offload,
                  uneven_stages=a.uneven_stages)
-    for knob, val, default in [("micro_batch", a.micro_batch, 1), ("zero", a.zero, 0),
+    zero = a.zero
+    if opts.ps_servers:  # a parameter server replaces DDP's all-reduce: zero 0 (or 1)
+        if zero is not None and zero >= 2:
+            raise PtdError(f"--dp-comm ps prices zero 0 or 1 (gradients pushed whole), not zero {zero}")
+        zero = 0 if zero is None else zero
+    for knob, val, default in [("micro_batch", a.micro_batch, 1), ("zero", zero, 0),
                                ("recompute", a.recompute, "none"), ("vpp", a.vpp, 1),
                                ("schedule", a.schedule, "1f1b"), ("sp", a.sp, False)]:
         if val is None:
@@ -115,9 +127,12 @@ def run(a: argparse.Namespace) -> int:
     else:
         e = estimate(model, cluster, base, a.tokens, opts)
     if a.json:
-        emit_json(e.to_json())
+        emit_json(e.to_json() | {"dp_comm": a.dp_comm, "servers": a.servers})
     else:
         print(render(e))
+        if opts.ps_servers:
+            print(f"(data-parallel gradients through {opts.ps_servers} synchronous parameter "
+                  f"server{'s' if opts.ps_servers > 1 else ''}: dp_comm above)")
     return 0
 
 

@@ -46,6 +46,9 @@ class CostOptions:
     """Without sequence parallelism, each column-parallel layer's input gradient is
     all-reduced on its own (PyTorch DTensor: 5 per SwiGLU block backward); False: summed
     first, 2 per block (Megatron-LM)."""
+    ps_servers: int = 0
+    """0: data-parallel gradients by collectives; S > 0: pushed to and pulled from S
+    synchronous parameter servers (:mod:`ptd.cost.ps`; ZeRO 0/1 only)."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     mem = memory(model, plan, cluster.hardware.usable_memory, options.convention,
                  options.attention, options.gqa_expanded, fused_norm(options, cluster.hardware))
     st = step_time(model, plan, cluster, options.attention, options.dp_overlap,
-                   options.recompute_early_stop, options.tp_grad_per_linear)
+                   options.recompute_early_stop, options.tp_grad_per_linear, options.ps_servers)
     d = float(tokens) if tokens else 20.0 * model.param_count()
     return Estimate(model, cluster, plan, fl, mem, st, d)
 

@@ -40,6 +40,7 @@ from . import context as CX
 from . import params as P
 from .memory import ZERO2_BUCKET_BYTES
 from .comm import collective_time
+from .ps import dp_ps_time
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
 
@@ -148,8 +149,8 @@ def shared_rate_ratio(cluster: ClusterSpec, dtype: str, busy: float) -> float:
 
 def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
               attention: str = "flash", dp_overlap: bool = True,
-              recompute_early_stop: bool = True, tp_grad_per_linear: bool = True
-              ) -> StepBreakdown:
+              recompute_early_stop: bool = True, tp_grad_per_linear: bool = True,
+              ps_servers: int = 0) -> StepBreakdown:
     """``tp_grad_per_linear``: tensor parallelism without sequence parallelism all-reduces
     each column-parallel layer's input gradient on its own (PyTorch DTensor, ptd's runtime:
     wq, wk, wv, w1 and w3 each); False sums them first and all-reduces twice per block
@@ -249,7 +250,8 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     opt_comm = 0.0
     if dp_n > 1:
         if plan.zero <= 1:
-            t_ar = _coll("all_reduce", grad_bytes, dp_n, hw, dp_nodes, dp_per)
+            t_ar = (_coll("all_reduce", grad_bytes, dp_n, hw, dp_nodes, dp_per) if not ps_servers
+                    else dp_ps_time(grad_bytes, dp_n, ps_servers, hw))  # cost/ps.py
             last_bucket = t_ar * min(1.0, DDP_BUCKET_BYTES / grad_bytes)
             dp_total = t_ar
             dp_exposed = max(last_bucket, t_ar - bwd_window)

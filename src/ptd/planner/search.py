@@ -219,7 +219,7 @@ class _Pricer:
     def estimate(self, plan: ParallelPlan, mem) -> Estimate:
         o = self.options
         st = step_time(self.model, plan, self.cluster, o.attention, o.dp_overlap,
-                       o.recompute_early_stop, o.tp_grad_per_linear)
+                       o.recompute_early_stop, o.tp_grad_per_linear, o.ps_servers)
         return Estimate(self.model, self.cluster, plan, self.flops[plan.recompute], mem, st,
                         self.tokens)
 

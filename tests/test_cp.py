@@ -73,3 +73,34 @@ def test_cp_attention_equals_sdpa_on_two_ranks(tmp_path):
         assert y_scale > 0.1 and gk_scale > 0.1  # a real comparison, not of zeros
         # float64 throughout: blockwise softmax merged by log-sum-exp equals the fused kernel
         assert max(errs) < 1e-12, (rank, errs)
+
+
+# ------------------------------------------------------------------ refusals (no worker)
+@pytest.mark.parametrize("flags,match", [
+    (["--nproc", "2", "--cp", "2", "--seq-len", "66"], r"divisible by 2\*cp = 4"),
+    (["--nproc", "2", "--cp", "3"], r"not divisible by tp\*pp\*cp = 3"),
+    (["--nproc", "2", "--cp", "0"], "--cp: expected a positive integer"),
+    (["--model", "tiny-gpt", "--nproc", "2", "--cp", "2"], "context parallel needs RoPE"),
+    (["--nproc", "2", "--cp", "2", "--zero", "3"], "zero 0 or 1"),
+    (["--nproc", "4", "--cp", "2", "--tp", "2", "--sp"], "drop --sp"),
+    (["--nproc", "2", "--cp", "2", "--grad-compression", "fp16"], "compression hooks need DDP"),
+])
+def test_cp_refused_before_any_worker(ptd_cli, no_workers, tmp_path, flags, match):
+    import re
+    out = tmp_path / "out"
+    args = ["train", "--model", "tiny", "--seq-len", "64", *flags, "--out", str(out)]
+    rc, _, err = ptd_cli(*args)
+    assert rc == 2, err
+    assert err.count("\n") == 1 and err.startswith("ptd"), err
+    assert re.search(match, err), err
+    assert not out.exists()
+
+
+def test_cp_dry_run_writes_the_plan(ptd_cli, no_workers, tmp_path):
+    from ptd.specs import load_config
+    out = tmp_path / "out"
+    rc, _, err = ptd_cli("train", "--model", "tiny", "--nproc", "8", "--cp", "2", "--tp", "2",
+                         "--global-batch", "8", "--out", str(out), "--dry-run")
+    assert rc == 0, err
+    plan = load_config(out / "config.toml").plan
+    assert (plan.cp, plan.tp, plan.dp, plan.world_size) == (2, 2, 2, 8)

@@ -103,6 +103,7 @@ def test_plan_searches_cp_and_rejects_with_reason(ptd_cli):
     d = json.loads(out)
     assert d["search"]["layouts_rejected"] == {"cp does not divide the devices": 1}  # cp 3
     assert d["search"]["layouts_considered"] == 2  # cp 1 and cp 16 (tp 8, pp 16 fixed)
+    assert (d["cp_values"], d["dp_comm"], d["servers"]) == ([1, 3, 16], "allreduce", None)
     # at 128k tokens only cp 16 fits: cp 1 leaves dp 64, 2 micro-batches for 16 stages
     assert d["top"][0]["plan"]["cp"] == 16 and d["top"][0]["plan"]["dp"] == 4
     # seq 48 cannot be cut into 2*16 chunks

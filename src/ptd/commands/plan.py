@@ -132,7 +132,8 @@ def run(a: argparse.Namespace) -> int:
             raise PtdError(f"cannot write {path}: {e.strerror}") from None
 
     if a.json:
-        emit_json(to_json(res, a.top, dims, fmt, text, path))
+        emit_json(to_json(res, a.top, dims, fmt, text, path)
+                  | {"cp_values": a.cp, "dp_comm": a.dp_comm, "servers": a.servers})
     elif text is not None and path is None:
         sys.stdout.write(text)  # the export alone, to redirect
     else:

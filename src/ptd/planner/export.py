@@ -162,6 +162,8 @@ def to_torchtitan(e: Estimate, steps: int | None = None) -> str:
         notes.append("sequence parallel off cannot be expressed: torchtitan's tensor "
                      "parallelism shards norms along the sequence")
     par["pipeline_parallel_degree"] = p.pp
+    if p.cp > 1:
+        par["context_parallel_degree"] = p.cp
     training: dict[str, Any] = {"global_batch_size": p.global_batch, "seq_len": p.seq_len}
     if p.pp > 1:
         par["pipeline_parallel_schedule"] = _titan_schedule(p)
@@ -251,6 +253,8 @@ def megatron_args(e: Estimate, steps: int | None = None,
     # parallelism
     a("--tensor-model-parallel-size", p.tp)
     a("--pipeline-model-parallel-size", p.pp)
+    if p.cp > 1:
+        a("--context-parallel-size", p.cp)
     if p.sp:
         a("--sequence-parallel")
     split = stages(e)
@@ -372,6 +376,9 @@ def deepspeed_config(e: Estimate, options: CostOptions = CostOptions()) -> dict[
                      "use its --tensor-model-parallel-size instead")
     if p.sp:
         notes.append("Megatron-style sequence parallelism has no ds_config key")
+    if p.cp > 1:
+        notes.append("context parallelism (ring/all-gather attention) has no ds_config key; "
+                     "DeepSpeed-Ulysses splits heads instead")
     if p.recompute != "none":
         ds["activation_checkpointing"] = {"partition_activations": False,
                                           "cpu_checkpointing": False,

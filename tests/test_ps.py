@@ -82,7 +82,7 @@ def test_bad_ps_input_is_one_line_exit_2(ptd_cli, cmd, match):
 
 def test_new_flags_in_help(capsys):
     from ptd.cli import main
-    for cmd, flags in (("calc", ("--topology", "--servers")),
+    for cmd, flags in (("calc", ("--topology", "--servers", "--tp-mode", "--depth")),
                        ("estimate", ("--cp", "--dp-comm", "--servers")),
                        ("plan", ("--cp", "--dp-comm", "--servers")),
                        ("train", ("--cp",))):

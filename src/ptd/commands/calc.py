@@ -5,6 +5,9 @@
               = 2(N-1) latency + 2(N-1)/N comm_bytes / bandwidth   (--topology ring: all-reduce)
               = 2 (max(N,S) latency + max(N/S,1) comm_bytes/bandwidth)
                                           (--topology ps --servers S: synchronous push + pull)
+              = latency_f latency + bandwidth_f comm_bytes / bandwidth
+                                          (--tp-mode 1d|2d|2.5d|3d over --devices: one linear
+                                           layer, comm_bytes its activation; ptd.cost.tpmodes)
   link_bytes  = bytes through the busiest link per step: comm_bytes (p2p), 2(N-1)/N comm_bytes
                 (ring), 2 comm_bytes N / S (ps: one server's link)
   t_total_s   = t_compute_s + t_comm_s        (or --time, a measured time)
@@ -34,7 +37,7 @@ from ..fmt import table
 
 HELP = "raw formulas: compute/comm time, efficiency, throughput, speedup, Amdahl"
 KEYS = ("t_compute_s", "t_comm_s", "t_total_s", "efficiency", "throughput_samples_per_s",
-        "speedup", "amdahl_speedup", "topology", "servers", "link_bytes")
+        "speedup", "amdahl_speedup", "topology", "servers", "link_bytes", "tp_mode", "tp_mode_factors")
 
 
 def add(p: argparse.ArgumentParser) -> None:
@@ -49,6 +52,10 @@ def add(p: argparse.ArgumentParser) -> None:
                         "transfer (default), ring all-reduce over --devices, or a synchronous "
                         "parameter server with --servers")
     p.add_argument("--servers", type=positive_int, help="parameter servers S (--topology ps)")
+    p.add_argument("--tp-mode", choices=["1d", "2d", "2.5d", "3d"],
+                   help="tensor parallelism of one linear layer over --devices (Megatron 1d, "
+                        "Optimus 2d, Tesseract 2.5d, 3d): per-device factors, and t_comm_s")
+    p.add_argument("--depth", type=positive_int, default=1, help="2.5d's depth d (1)")
     p.add_argument("--samples", type=nonneg_float, help="samples processed in t_total_s")
     p.add_argument("--time", type=positive_float,
                    help="a measured total time, s: used instead of t_compute_s + t_comm_s")
@@ -63,6 +70,10 @@ def _comm(a: argparse.Namespace) -> tuple[float | None, float | None]:
     if a.comm_bytes is None or not a.bandwidth:
         return None, None
     n, M = a.devices, a.comm_bytes
+    if a.tp_mode:
+        from ..cost.tpmodes import tp_mode_cost
+        c = tp_mode_cost(a.tp_mode, n, a.depth)
+        return c.comm_time(M, a.latency, a.bandwidth), c.bandwidth * M
     if a.topology == "ps":
         return (ps.ps_time(M, n, a.servers, a.latency, a.bandwidth),
                 ps.ps_server_link_bytes(M, n, a.servers))
@@ -77,6 +88,14 @@ def compute(a: argparse.Namespace) -> dict[str, float | str | None]:
         raise PtdError("--topology ps needs --servers S (S >= 1)")
     if a.servers is not None and a.topology != "ps":
         raise PtdError("--servers applies to --topology ps only")
+    if a.tp_mode and a.topology != "p2p":
+        raise PtdError("--tp-mode prices one layer's tensor parallelism; drop --topology")
+    factors = None
+    if a.tp_mode:
+        from ..cost.tpmodes import tp_mode_cost
+        factors = tp_mode_cost(a.tp_mode, a.devices, a.depth).to_dict()
+    elif a.depth != 1:
+        raise PtdError("--depth applies to --tp-mode 2.5d only")
     tc = m.t_compute(a.flops, a.device_flops, a.devices) if (
         a.flops is not None and a.device_flops) else None
     tm, link = _comm(a)
@@ -98,6 +117,8 @@ def compute(a: argparse.Namespace) -> dict[str, float | str | None]:
         "topology": a.topology,
         "servers": a.servers,
         "link_bytes": link,
+        "tp_mode": a.tp_mode,
+        "tp_mode_factors": factors,
     }
 
 
@@ -106,7 +127,13 @@ def run(a: argparse.Namespace) -> int:
     if a.json:
         emit_json(out)
     else:
-        print(table([(k, "-" if v is None else v if isinstance(v, str) else f"{v:.6g}")
-                     for k, v in out.items()],
+        factors = out.pop("tp_mode_factors")
+        rows = [(k, "-" if v is None else v if isinstance(v, str) else f"{v:.6g}")
+                for k, v in out.items()]
+        if factors:
+            rows += [(f"tp {k}", str(v)) for k, v in factors.items() if k in ("devices", "q", "depth")]
+            rows += [(f"tp {k} (x unsplit layer)", f"{v:.6g}") for k, v in factors.items()
+                     if k in ("compute", "params", "activations", "bandwidth", "latency")]
+        print(table(rows,
                     header=("quantity", "value"), align="lr"))
     return 0

@@ -92,3 +92,21 @@ def test_new_flags_in_help(capsys):
         out = capsys.readouterr().out
         for f in flags:
             assert f in out, (cmd, f)
+
+
+def test_cluster_crossover_table_by_hand():
+    from ptd.bench.ps_table import ps_crossover, render_ps
+    from ptd.cost.comm import collective_time
+    hw, m = load_hardware("h100-sxm"), load_model("llama3-8b")
+    rows = ps_crossover(m, hw, [8, 64], 8)
+    M, link = 4 * m.param_count(), hw.inter_node
+    r8 = rows[0]
+    # S = N = 8: 2 (8 alpha + M/B) over the inter-node link of each worker
+    assert r8["ps_s"]["8"] == pytest.approx(2 * (8 * link.latency + M / link.effective_bandwidth))
+    assert r8["ps_s"]["1"] == pytest.approx(2 * (8 * link.latency + 8 * M / link.effective_bandwidth))
+    assert r8["allreduce_s"] == collective_time("all_reduce", M, 8, hw, 1, 8)
+    # one node: NVLink all-reduce; every server costs each worker 2 M over its NIC: never matched
+    assert r8["servers_to_match"] is None and rows[1]["servers_to_match"] is None
+    assert rows[1]["server_link_bytes_at_n"] == 2 * M
+    text = render_ps({"model": "llama3-8b", "ps": rows})
+    assert "servers to match" in text and "none <= 4N" in text

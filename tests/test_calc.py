@@ -42,7 +42,8 @@ def test_calc_cli_json_keys(ptd_cli):
     assert rc == 0
     d = json.loads(out)
     assert list(d) == ["t_compute_s", "t_comm_s", "t_total_s", "efficiency",
-                       "throughput_samples_per_s", "speedup", "amdahl_speedup"]
+                       "throughput_samples_per_s", "speedup", "amdahl_speedup",
+                       "topology", "servers", "link_bytes", "tp_mode", "tp_mode_factors"]
     assert d["t_compute_s"] == pytest.approx(125.0)
     assert d["t_comm_s"] == pytest.approx(1000.1)
     assert d["t_total_s"] == pytest.approx(1125.1)

@@ -39,6 +39,8 @@ RESHARDS = [
     ("dp2-zero3", ["--nproc", "4", "--zero", "1", "--micro-batch", "2"], 1e-5),
     ("dp2-zero3", ["--nproc", "1", "--micro-batch", "8"], 1e-5),
     ("dp2-zero0-async", ["--nproc", "2", "--zero", "2", "--micro-batch", "4"], 1e-5),
+    # into context parallelism: cp 2 x dp 2 (each sequence split over two ranks), ZeRO-1
+    ("dp2-zero3", ["--nproc", "4", "--cp", "2", "--dp", "2", "--zero", "1", "--micro-batch", "2"], 1e-5),
     # Out of tensor parallelism: split matmuls sum in another order, hence 1e-4.
     ("dp2-tp2-zero1", ["--nproc", "4", "--dp", "4", "--tp", "1", "--micro-batch", "2"], 1e-4),
     ("dp2-tp2-zero1", ["--nproc", "4", "--pp", "2", "--tp", "2", "--dp", "1", "--zero", "0",

@@ -215,10 +215,10 @@ def test_plan_derived():
 
 def test_layout_tp_innermost_then_dp_then_pp():
     p = ParallelPlan(dp=2, tp=2, pp=2)
-    assert layout.coords(0, p) == {"pp": 0, "dp": 0, "tp": 0}
-    assert layout.coords(1, p) == {"pp": 0, "dp": 0, "tp": 1}
-    assert layout.coords(2, p) == {"pp": 0, "dp": 1, "tp": 0}
-    assert layout.coords(4, p) == {"pp": 1, "dp": 0, "tp": 0}
+    assert layout.coords(0, p) == {"pp": 0, "dp": 0, "cp": 0, "tp": 0}
+    assert layout.coords(1, p) == {"pp": 0, "dp": 0, "cp": 0, "tp": 1}
+    assert layout.coords(2, p) == {"pp": 0, "dp": 1, "cp": 0, "tp": 0}
+    assert layout.coords(4, p) == {"pp": 1, "dp": 0, "cp": 0, "tp": 0}
     assert layout.groups("tp", p) == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert layout.groups("dp", p) == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert layout.groups("pp", p) == [[0, 4], [1, 5], [2, 6], [3, 7]]
@@ -230,6 +230,21 @@ def test_layout_tp_innermost_then_dp_then_pp():
     assert layout.axis_node_split("tp", big, 8) == (1, 8)
     assert layout.axis_node_split("dp", big, 8) == (4, 1)
     assert layout.axis_node_split("dp", ParallelPlan(dp=16, tp=2), 8) == (4, 4)
+
+
+def test_layout_cp_between_dp_and_tp():
+    # (pp, dp, cp, tp) row-major, 16 ranks: tp neighbours 1 apart, cp 2, dp 4, pp 8
+    p = ParallelPlan(dp=2, cp=2, tp=2, pp=2)
+    assert p.world_size == 16
+    assert layout.coords(2, p) == {"pp": 0, "dp": 0, "cp": 1, "tp": 0}
+    assert layout.coords(13, p) == {"pp": 1, "dp": 1, "cp": 0, "tp": 1}
+    assert layout.group_of(0, "cp", p) == [0, 2]
+    assert layout.group_of(0, "dp", p) == [0, 4]
+    assert layout.group_of(0, "pp", p) == [0, 8]
+    assert layout.group_of(5, "cp", p) == [5, 7]
+    for r in range(16):
+        c = layout.coords(r, p)
+        assert layout.rank_of(c["pp"], c["dp"], c["tp"], p, c["cp"]) == r
 
 
 # ----------------------------------------------------------------- config

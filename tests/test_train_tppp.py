@@ -48,6 +48,11 @@ LAYOUTS = [
     ("dp2-pp2-zero1", ["--nproc", "4", "--dp", "2", "--pp", "2", "--zero", "1",
                        "--micro-batch", "2"], 1e-5),
     ("pp2-tp2-sp", ["--nproc", "4", "--pp", "2", "--tp", "2", "--sp", "--micro-batch", "2"], 1e-4),
+    # context parallel: zig-zag slices, K/V gathered per layer; 1e-5 for all four
+    ("cp2", ["--nproc", "2", "--cp", "2", "--micro-batch", "4", *EVAL], 1e-5),
+    ("cp2-dp2", ["--nproc", "4", "--cp", "2", "--dp", "2", "--micro-batch", "2"], 1e-5),
+    ("cp2-tp2", ["--nproc", "4", "--cp", "2", "--tp", "2", "--micro-batch", "4"], 1e-5),
+    ("cp2-pp2", ["--nproc", "4", "--cp", "2", "--pp", "2", "--micro-batch", "2", *EVAL], 1e-5),
     # the 3-D example of docs/parallelism.md
     ("pp2-dp2-tp2-zero1-sp", ["--nproc", "8", "--pp", "2", "--dp", "2", "--tp", "2", "--zero", "1",
                               "--sp", "--micro-batch", "2", *EVAL], 1e-4),
@@ -101,7 +106,8 @@ def test_loss_parity_with_single_process(reference, home, tmp_path, flags, rel, 
     worst, params_rel = assert_parity(run, reference, rel, evaluated="--eval-every" in flags)
     summary = json.loads((run / "summary.json").read_text())
     nproc = int(flags[flags.index("--nproc") + 1])
-    assert summary["world_size"] == nproc == summary["plan"]["dp"] * summary["plan"]["tp"] * summary["plan"]["pp"]
+    p = summary["plan"]
+    assert summary["world_size"] == nproc == p["dp"] * p["tp"] * p["pp"] * p.get("cp", 1)
     # the parity table of docs/benchmarks.md: pytest tests/test_train_tppp.py -k parity -s | grep PARITY
     print(f"\nPARITY | {request.node.callspec.id} | {' '.join(flags)} | {worst:.1e} | {params_rel:.1e} |")
 

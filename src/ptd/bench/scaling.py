@@ -238,8 +238,11 @@ def cluster_tables(model_name: str, hw_name: str, sizes: list[int], seq_len: int
             ss = [s / pts[0][1] for _, s in pts]
             p, why = amdahl_fit(dict(zip(ks, ss)))
             amdahl.append({"strategy": strat, "P": p, "P_why": why})
+    from .ps_table import ps_crossover  # parameter server vs all-reduce
+    ps = ps_crossover(model, hw, sizes, ClusterSpec(hw, max(sizes)).devices_per_node)
     return {"model": model_name, "hardware": hw_name, "seq_len": seq_len,
-            "global_batch": global_batch, "speedup": rows, "memory": mem, "amdahl": amdahl}
+            "global_batch": global_batch, "speedup": rows, "memory": mem, "amdahl": amdahl,
+            "ps": ps}
 
 
 # ------------------------------------------------------------------ output
@@ -286,6 +289,9 @@ def render(res: dict[str, Any], cl: dict[str, Any] | None) -> str:
         lines.append("")
         lines.append(table([(a["strategy"], f2(a["P"])) for a in cl["amdahl"]],
                            header=("strategy", "Amdahl P (cluster, predicted)"), align="lr"))
+        if cl.get("ps"):
+            from .ps_table import render_ps
+            lines += ["", render_ps(cl)]
     return "\n".join(lines)
 
 

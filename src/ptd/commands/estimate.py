@@ -45,6 +45,10 @@ def add_plan_flags(p: argparse.ArgumentParser, *, world_flag: str = "--gpus") ->
                         "stack's; ptd: flash)")
     p.add_argument("--convention", choices=["ptd", "zero"], default="ptd",
                    help="model-state bytes: ptd runtime (4+4+8) or ZeRO paper (2+2+12)")
+    p.add_argument("--dp-comm", choices=["allreduce", "ps"], default="allreduce",
+                   help="data-parallel gradients by all-reduce (default) or through a "
+                        "synchronous parameter server (--servers S; zero 0/1)")
+    p.add_argument("--servers", type=positive_int, help="parameter servers S (--dp-comm ps)")
     p.add_argument("--no-dp-overlap", action="store_true",
                    help="gradient reduction runs after backward instead of overlapping it")
     p.add_argument("--moe-imbalance", type=float, default=1.0, metavar="X",
@@ -59,6 +63,8 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pp", type=positive_int, default=1, help="pipeline parallel (1)")
     p.add_argument("--ep", type=positive_int, default=1,
                    help="expert parallel (MoE; carved out of dp, docs/moe.md) (1)")
+    p.add_argument("--cp", type=positive_int, default=1,
+                   help="context parallel (1): sequence split over cp ranks, K/V exchanged per layer")
     p.add_argument("--vpp", type=positive_int, help="virtual stages per pipeline rank (chosen)")
     p.add_argument("--zero", type=nonneg_int, choices=[0, 1, 2, 3], help="ZeRO stage (chosen)")
     p.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
@@ -84,8 +90,11 @@ def resolve(a: argparse.Namespace):
     cluster = ClusterSpec(hw, a.gpus, a.gpus_per_node or 0)
     if not a.moe_imbalance >= 1.0:
         raise PtdError(f"--moe-imbalance must be at least 1 (max/mean load), got {a.moe_imbalance}")
+    dp_comm, servers = getattr(a, "dp_comm", "allreduce"), getattr(a, "servers", None)
+    if (dp_comm == "ps") != (servers is not None):
+        raise PtdError("--dp-comm ps and --servers S go together")
     opts = dataclasses.replace(stack_options(a.stack), convention=a.convention,
-                               moe_imbalance=a.moe_imbalance)
+                               moe_imbalance=a.moe_imbalance, ps_servers=servers or 0)
     if a.attention:
         opts = dataclasses.replace(opts, attention=a.attention)
     if a.no_dp_overlap:
@@ -102,19 +111,24 @@ def run(a: argparse.Namespace) -> int:
     from ..specs import ParallelPlan
 
     model, cluster, opts = resolve(a)
-    tp, pp = a.tp, a.pp
+    tp, pp, cp = a.tp, a.pp, a.cp
     if a.dp is None:
-        if a.gpus % (tp * pp):
-            raise PtdError(f"{a.gpus} devices are not divisible by tp*pp = {tp}*{pp}")
-        dp = a.gpus // (tp * pp)
+        if a.gpus % (tp * pp * cp):
+            raise PtdError(f"{a.gpus} devices are not divisible by tp*pp*cp = {tp}*{pp}*{cp}")
+        dp = a.gpus // (tp * pp * cp)
     else:
         dp = a.dp
     seq = a.seq_len or default_seq_len(model)
     gb = a.global_batch or default_global_batch(seq, dp)
     free = []
-    fixed = dict(dp=dp, tp=tp, pp=pp, ep=a.ep, global_batch=gb, seq_len=seq, dtype=a.dtype, offload=a.offload,
+    fixed = dict(dp=dp, tp=tp, pp=pp, ep=a.ep, cp=cp, global_batch=gb, seq_len=seq, dtype=a.dtype, offload=a.offload,
                  uneven_stages=a.uneven_stages)
-    for knob, val, default in [("micro_batch", a.micro_batch, 1), ("zero", a.zero, 0),
+    zero = a.zero
+    if opts.ps_servers:  # a parameter server replaces DDP's all-reduce: zero 0 (or 1)
+        if zero is not None and zero >= 2:
+            raise PtdError(f"--dp-comm ps prices zero 0 or 1 (gradients pushed whole), not zero {zero}")
+        zero = 0 if zero is None else zero
+    for knob, val, default in [("micro_batch", a.micro_batch, 1), ("zero", zero, 0),
                                ("recompute", a.recompute, "none"), ("vpp", a.vpp, 1),
                                ("schedule", a.schedule, "1f1b"), ("sp", a.sp, False)]:
         if val is None:
@@ -141,9 +155,12 @@ def run(a: argparse.Namespace) -> int:
     from ..planner.search import runtime_refuses
     runtime_refuses(model, e.plan)  # the rules ptd train applies (one validator)
     if a.json:
-        emit_json(e.to_json())
+        emit_json(e.to_json() | {"dp_comm": a.dp_comm, "servers": a.servers})
     else:
         print(render(e, extra))
+        if opts.ps_servers:
+            print(f"(data-parallel gradients through {opts.ps_servers} synchronous parameter "
+                  f"server{'s' if opts.ps_servers > 1 else ''}: dp_comm above)")
     return 0
 
 
@@ -173,6 +190,9 @@ def render(e, extra: dict[str, str] | None = None) -> str:
     rows = [(k, duration(getattr(st, k)), pct(getattr(st, k) / st.total))
             for k in ("compute", "tp_comm", "pp_comm", "dp_comm_exposed", "bubble", "optimizer")
             + (("ep_comm",) if p.ep > 1 else ())]
+    if p.cp > 1:
+        rows.append(("cp_comm", duration(st.cp_comm),
+                     f"{pct(st.cp_comm / st.total)} (of {duration(st.cp_comm_total)} K/V exchange)"))
     rows.append(("total", duration(st.total), ""))
     lines += ["", "step time", table(rows, header=("part", "time", "share"), align="lrr")]
     n = c.n_devices

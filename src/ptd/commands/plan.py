@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..cli import emit_json, nonneg_int, positive_int
+from ..cli import emit_json, nonneg_int, positive_int, positive_ints
 from ..errors import PtdError
 from ..fmt import duration, gib, pct, si, table
 from .estimate import add_plan_flags, default_seq_len, resolve
@@ -33,7 +33,8 @@ HELP = "search every parallel layout for the fastest plan that fits (instant, no
 MEM_SHORT = {"params": "params", "grads": "grads", "optimizer": "optimizer",
              "activations": "activations", "buffers": "buffers"}
 STEP_SHORT = {"compute": "compute", "tp_comm": "tp comm", "pp_comm": "pp comm",
-              "dp_comm_exposed": "dp comm", "bubble": "bubble", "optimizer": "optimizer"}
+              "dp_comm_exposed": "dp comm", "bubble": "bubble", "optimizer": "optimizer",
+              "cp_comm": "cp comm"}
 
 
 def add(p: argparse.ArgumentParser) -> None:
@@ -46,6 +47,9 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fix", action="append", default=[], metavar="FIELD=VALUE,...",
                    help="hold plan fields: dp, tp, pp, vpp, zero, sp, micro_batch (mb), "
                         "recompute (rc), schedule, offload, uneven_stages, grad_compression")
+    p.add_argument("--cp", type=positive_ints, default=[1], metavar="N,...",
+                   help="context-parallel degrees to search, e.g. 1,2,4,8,16 (default 1: none); "
+                        "a cp not dividing the devices or seq_len/2 is rejected with its reason")
     p.add_argument("--allow-tp-across-nodes", action="store_true",
                    help="let tensor parallelism span nodes")
     p.add_argument("--explain", action="store_true",
@@ -95,10 +99,15 @@ def run(a: argparse.Namespace) -> int:
         raise PtdError(f"--tolerance must be in [0, 1), got {a.tolerance}")
     fixed = parse_fix(a.fix)
     model, cluster, opts = resolve(a)
+    if opts.ps_servers:  # a parameter server replaces DDP's all-reduce: zero 0 (or 1)
+        if fixed.get("zero", 0) >= 2:
+            raise PtdError("--dp-comm ps prices zero 0 or 1 (gradients pushed whole)")
+        fixed.setdefault("zero", 0)
     seq = a.seq_len or default_seq_len(model)
     gb = a.global_batch or default_global_batch(seq, 1)
     res = search(model, cluster, gb, seq, dtype=a.dtype, fixed=fixed, objective=a.objective,
-                 tokens=a.tokens, options=opts, allow_tp_across_nodes=a.allow_tp_across_nodes)
+                 tokens=a.tokens, options=opts, allow_tp_across_nodes=a.allow_tp_across_nodes,
+                 cp_values=a.cp)
     win = res.best  # raises "no plan fits: ..." when nothing does
     if a.try_k:
         return try_plans(a, res, opts)
@@ -135,7 +144,8 @@ def run(a: argparse.Namespace) -> int:
               file=sys.stderr)
 
     if a.json:
-        emit_json(to_json(res, a.top, dims, fmt, text, path))
+        emit_json(to_json(res, a.top, dims, fmt, text, path)
+                  | {"cp_values": a.cp, "dp_comm": a.dp_comm, "servers": a.servers})
     elif text is not None and path is None:
         sys.stdout.write(text)  # the export alone, to redirect
     else:

@@ -46,6 +46,9 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="expert-parallel degree, carved out of dp (MoE models; docs/moe.md)")
     g.add_argument("--capacity-factor", type=positive_float,
                    help="MoE expert capacity factor (default: dropless)")
+    g.add_argument("--cp", type=positive_int,
+                   help="context-parallel degree: each sequence split zig-zag over cp ranks, "
+                        "K/V gathered per layer (seq-len divisible by 2*cp; zero 0/1, RoPE)")
     g.add_argument("--vpp", type=positive_int, help="virtual pipeline stages per rank")
     g.add_argument("--sp", action="store_true", default=None,
                    help="sequence parallel (norms sharded along the sequence; needs tp > 1)")
@@ -116,7 +119,7 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="validate and write OUT/config.toml, start nothing (--nproc = total world)")
 
 
-_PLAN_FLAGS = ("dp", "tp", "pp", "ep", "vpp", "sp", "schedule", "uneven_stages", "zero", "micro_batch",
+_PLAN_FLAGS = ("dp", "tp", "pp", "ep", "cp", "vpp", "sp", "schedule", "uneven_stages", "zero", "micro_batch",
                "global_batch", "seq_len", "recompute", "dtype", "offload", "grad_compression")
 _TOP_FLAGS = {"steps": "steps", "seed": "seed", "out": "out", "compile": "compile",
               "threads": "threads", "timeout": "timeout_s", "max_restarts": "max_restarts",
@@ -160,9 +163,10 @@ def resolve(a: argparse.Namespace):  # -> tuple[TrainConfig, int]
         cfg = cfg.replace(model=cfg.model.replace(capacity_factor=a.capacity_factor))
     plan = cfg.plan.replace(**{k: getattr(a, k) for k in _PLAN_FLAGS if getattr(a, k) is not None})
     if a.nproc is not None and a.dp is None:
-        per_replica = plan.tp * plan.pp
+        per_replica = plan.tp * plan.pp * plan.cp
         if a.nproc % per_replica:
-            raise PtdError(f"--nproc {a.nproc} is not divisible by tp*pp = {per_replica}")
+            what = "tp*pp*cp" if plan.cp > 1 else "tp*pp"
+            raise PtdError(f"--nproc {a.nproc} is not divisible by {what} = {per_replica}")
         plan = plan.replace(dp=a.nproc // per_replica)
     optim = cfg.optim
     if a.lr is not None:

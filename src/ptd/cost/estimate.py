@@ -51,6 +51,9 @@ class CostOptions:
     moe_imbalance: float = 1.0
     """Mixture-of-experts: the busiest expert-parallel rank's load over the mean (>= 1;
     ``ptd train`` measures ``moe_imbalance`` per step); see :mod:`ptd.cost.moe`."""
+    ps_servers: int = 0
+    """0: data-parallel gradients by collectives; S > 0: pushed to and pulled from S
+    synchronous parameter servers (:mod:`ptd.cost.ps`; ZeRO 0/1 only)."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                  options.attention, options.gqa_expanded, fused_norm(options, cluster.hardware))
     st = step_time(model, plan, cluster, options.attention, options.dp_overlap,
                    options.recompute_early_stop, options.tp_grad_per_linear,
-                   options.moe_imbalance)
+                   options.moe_imbalance, options.ps_servers)
     d = float(tokens) if tokens else 20.0 * model.param_count()
     return Estimate(model, cluster, plan, fl, mem, st, d)
 

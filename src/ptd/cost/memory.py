@@ -47,6 +47,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Iterable, Literal
 
+from .context import kv_buffer_bytes
 from ..specs.hardware import DTYPE_BYTES
 from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
@@ -353,7 +354,8 @@ def memory(model: ModelSpec, plan: ParallelPlan, capacity: float = 0.0,
         # FSDP CPU offload keeps sharded parameters, gradients and optimizer states in host
         # memory; the device holds only what is gathered for compute (buffers).
         p = g = o = 0.0
-    act = activation_bytes(model, plan, attention, gqa_expanded, fused_norm=fused_norm)
+    act = activation_bytes(model, plan, attention, gqa_expanded, fused_norm=fused_norm) / plan.cp
     return MemoryBreakdown(params=p, grads=g, optimizer=o, activations=act,
-                           buffers=buffer_bytes(model, plan, convention=convention),
+                           buffers=buffer_bytes(model, plan, convention=convention)
+                           + kv_buffer_bytes(model, plan),
                            capacity=capacity)

@@ -37,9 +37,11 @@ from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
 from . import compute as C
 from . import moe as MOE
+from . import context as CX
 from . import params as P
 from .memory import ZERO2_BUCKET_BYTES
 from .comm import collective_time
+from .ps import dp_ps_time
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
 
@@ -69,6 +71,9 @@ class StepBreakdown:
     ep_comm: float = 0.0
     """Expert-parallel all-to-alls (dispatch, combine; forward, backward) and the busiest
     rank's extra expert work under routing imbalance (:mod:`ptd.cost.moe`)."""
+    cp_comm: float = 0.0
+    """Context-parallel K/V exchange not hidden behind attention (:mod:`.context`)."""
+    cp_comm_total: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -76,7 +81,7 @@ class StepBreakdown:
     @property
     def largest(self) -> str:
         parts = {k: getattr(self, k) for k in ("compute", "tp_comm", "pp_comm", "dp_comm_exposed",
-                                               "bubble", "optimizer")}
+                                               "bubble", "optimizer", "ep_comm", "cp_comm")}
         return max(parts, key=parts.get)  # type: ignore[arg-type]
 
 
@@ -116,15 +121,18 @@ def _coll(kind: str, nbytes: float, n: int, hw, nodes: int = 1,  # type: ignore[
 
 
 def _group(plan: ParallelPlan, cluster: ClusterSpec, axis: str) -> tuple[int, int, int]:
+    if axis == "dp" and plan.cp > 1:  # cp joins dp for gradient averaging
+        return CX.grad_group(plan, cluster.devices_per_node)
     n = {"tp": plan.tp, "dp": plan.dp, "pp": plan.pp}[axis]
-    nodes, per_node = _node_split(axis, plan.dp, plan.tp, plan.pp, cluster.devices_per_node)
+    nodes, per_node = _node_split(axis, plan.dp, plan.tp, plan.pp, cluster.devices_per_node, plan.cp)
     return n, nodes, per_node
 
 
 @lru_cache(maxsize=4096)
-def _node_split(axis: str, dp: int, tp: int, pp: int, devices_per_node: int) -> tuple[int, int]:
+def _node_split(axis: str, dp: int, tp: int, pp: int, devices_per_node: int, cp: int = 1
+                ) -> tuple[int, int]:
     """:func:`axis_node_split`, memoised (placement depends on the degrees alone)."""
-    return axis_node_split(axis, ParallelPlan(dp=dp, tp=tp, pp=pp), devices_per_node)  # type: ignore[arg-type]
+    return axis_node_split(axis, ParallelPlan(dp=dp, tp=tp, pp=pp, cp=cp), devices_per_node)  # type: ignore[arg-type]
 
 
 def shared_rate_ratio(cluster: ClusterSpec, dtype: str, busy: float) -> float:
@@ -146,7 +154,7 @@ def shared_rate_ratio(cluster: ClusterSpec, dtype: str, busy: float) -> float:
 def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
               attention: str = "flash", dp_overlap: bool = True,
               recompute_early_stop: bool = True, tp_grad_per_linear: bool = True,
-              moe_imbalance: float = 1.0) -> StepBreakdown:
+              moe_imbalance: float = 1.0, ps_servers: int = 0) -> StepBreakdown:
     """``tp_grad_per_linear``: tensor parallelism without sequence parallelism all-reduces
     each column-parallel layer's input gradient on its own (PyTorch DTensor, ptd's runtime:
     wq, wk, wv, w1 and w3 each); False sums them first and all-reduces twice per block
@@ -154,7 +162,7 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     hw = cluster.hardware
     ab = DTYPE_BYTES[plan.dtype]
     rate = cluster.gemm_rate(plan.dtype)
-    s, mb, m = plan.seq_len, plan.micro_batch, plan.n_microbatches
+    s, mb, m = CX.local_seq(plan), plan.micro_batch, plan.n_microbatches  # s: this rank's tokens
     tokens = s * mb
     bw, ovh = cluster.memory_bandwidth, cluster.op_overhead
     dt_ovh = (cluster.overhead("dtensor_op") or 0.0) if plan.tp > 1 else 0.0
@@ -202,7 +210,9 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
         if worst is None or key > worst[0]:
             worst = (key, f, b, rc, tf, tb, nl, wait)
     _, f, b, rc, tf, tb, nl, wait = worst  # type: ignore[misc]
-    per_mb = f + b + rc + tf + tb
+    cpt = CX.cp_terms(model, plan, cluster, nl)  # context parallel: whole-sequence attention, K/V
+    f, b = f + cpt.attn_forward, b + cpt.attn_backward
+    per_mb = f + b + rc + tf + tb + cpt.comm_exposed
 
     p, v = plan.pp, plan.stages_per_rank
     if p > 1:
@@ -244,7 +254,8 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     opt_comm = 0.0
     if dp_n > 1:
         if plan.zero <= 1:
-            t_ar = _coll("all_reduce", grad_bytes, dp_n, hw, dp_nodes, dp_per)
+            t_ar = (_coll("all_reduce", grad_bytes, dp_n, hw, dp_nodes, dp_per) if not ps_servers
+                    else dp_ps_time(grad_bytes, dp_n, ps_servers, hw))  # cost/ps.py
             last_bucket = t_ar * min(1.0, DDP_BUCKET_BYTES / grad_bytes)
             dp_total = t_ar
             dp_exposed = max(last_bucket, t_ar - bwd_window)
@@ -288,7 +299,7 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
             exposed_b += nl * max(0.0, ag_block + rs_block - blk_b) + rs_block
             dp_exposed = exposed_ag + exposed_b
 
-    opt_params = local / dp_n if plan.zero >= 1 else local
+    opt_params = local / plan.dp if plan.zero >= 1 else local  # ZeRO shards over dp (not cp)
     n_tensors = len(P.layer_params(model)) * nl + 4
     dtensor_params = plan.tp > 1 or plan.zero >= 3
     per_tensor = cluster.overhead("optimizer_tensor_dtensor" if dtensor_params else "optimizer_tensor")
@@ -304,11 +315,13 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     compute = m * (f + b + rc)
     tp_comm = m * (tf + tb) + tp_step
     ep_comm = _ep_time(model, plan, cluster, nl, rate, moe_imbalance)
-    total = compute + tp_comm + pp_comm + bubble + dp_exposed + optimizer + ep_comm
+    total = (compute + tp_comm + pp_comm + bubble + dp_exposed + optimizer + ep_comm
+             + m * cpt.comm_exposed)
     return StepBreakdown(total=total, compute=compute, tp_comm=tp_comm, pp_comm=pp_comm,
                          dp_comm_exposed=dp_exposed, bubble=bubble, optimizer=optimizer,
                          forward=m * f, backward=m * b, recompute=m * rc, dp_comm_total=dp_total,
-                         ep_comm=ep_comm)
+                         ep_comm=ep_comm, cp_comm=m * cpt.comm_exposed,
+                         cp_comm_total=m * cpt.comm_total)
 
 
 def _ep_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, layers: int, rate: float,

@@ -52,6 +52,9 @@ def config(e: Estimate, cfg: TrainConfig,
                      "Megatron-DeepSpeed pass its --tensor-model-parallel-size instead")
     if p.sp and p.tp > 1:
         notes.append("Megatron-style sequence parallelism has no ds_config key")
+    if p.cp > 1:
+        notes.append("context parallelism (all-gather attention over cp ranks) has no ds_config "
+                     "key; DeepSpeed-Ulysses splits heads instead")
     if p.recompute != "none":
         ds["activation_checkpointing"] = {"partition_activations": False,
                                           "cpu_checkpointing": False,

@@ -88,6 +88,8 @@ def arguments(e: Estimate, split: tuple[int, ...], steps: int | None, cfg: Train
     a("--attention-backend", "flash" if options.attention == "flash" else "unfused")
     a("--tensor-model-parallel-size", p.tp)
     a("--pipeline-model-parallel-size", p.pp)
+    if p.cp > 1:
+        a("--context-parallel-size", p.cp)
     if p.sp and p.tp > 1:
         a("--sequence-parallel")
     _pipeline(p, split, a, notes)

@@ -82,6 +82,8 @@ def arguments(e: Estimate, split: tuple[int, ...], steps: int | None,
         f("parallelism.data-parallel-shard-degree", p.dp)
         f("parallelism.fsdp-reshard-after-forward", "always" if p.zero == 3 else "never")
     f("parallelism.tensor-parallel-degree", p.tp)
+    if p.cp > 1:
+        f("parallelism.context-parallel-degree", p.cp)
     if p.tp > 1:
         a.append("--parallelism.enable-sequence-parallel" if p.sp
                  else "--parallelism.no-enable-sequence-parallel")

@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from ..cost.estimate import CostOptions, Estimate, fused_norm
 from ..cost.flops import flops_per_token
@@ -65,14 +65,16 @@ OFFLOAD_ZERO = "offload needs ZeRO 3"
 COMPRESSION_ZERO = "gradient compression needs ZeRO 0"
 EP_ZERO = "expert parallelism runs with ZeRO 0 only"
 NO_FIT = "does not fit in memory"
+CP_SEQ = "cp needs seq_len divisible by 2*cp (zig-zag chunks)"
+CP_DEVICES = "cp does not divide the devices"
 
 # --fix: field names and their short forms
 FIX_ALIASES = {"mb": "micro_batch", "micro-batch": "micro_batch", "rc": "recompute",
                "uneven": "uneven_stages", "uneven-stages": "uneven_stages",
                "grad-compression": "grad_compression"}
-FIX_FIELDS = ("dp", "tp", "pp", "ep", "vpp", "zero", "sp", "micro_batch", "recompute", "schedule",
+FIX_FIELDS = ("dp", "tp", "pp", "ep", "cp", "vpp", "zero", "sp", "micro_batch", "recompute", "schedule",
               "offload", "uneven_stages", "grad_compression")
-_INT_FIELDS = ("dp", "tp", "pp", "ep", "vpp", "zero", "micro_batch")
+_INT_FIELDS = ("dp", "tp", "pp", "ep", "cp", "vpp", "zero", "micro_batch")
 _BOOL_FIELDS = ("sp", "offload", "uneven_stages")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -218,7 +220,8 @@ class _Pricer:
     def estimate(self, plan: ParallelPlan, mem) -> Estimate:
         o = self.options
         st = step_time(self.model, plan, self.cluster, o.attention, o.dp_overlap,
-                       o.recompute_early_stop, o.tp_grad_per_linear, o.moe_imbalance)
+                       o.recompute_early_stop, o.tp_grad_per_linear, o.moe_imbalance,
+                       o.ps_servers)
         return Estimate(self.model, self.cluster, plan, self.flops[plan.recompute], mem, st,
                         self.tokens)
 
@@ -227,8 +230,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: i
            dtype: str = "bf16", fixed: Mapping[str, Any] | None = None,
            objective: str = "throughput", tokens: float | None = None,
            options: CostOptions = CostOptions(), allow_tp_across_nodes: bool = False,
-           max_uneven_vpp: int = MAX_UNEVEN_VPP) -> SearchResult:
-    """Search every plan (see the module docstring); the result ranks those that fit."""
+           max_uneven_vpp: int = MAX_UNEVEN_VPP, cp_values: Sequence[int] = (1,)) -> SearchResult:
+    """Search every plan (see the module docstring); the result ranks those that fit.
+    ``cp_values``: the context-parallel degrees to search (``fixed["cp"]`` overrides)."""
     t0 = time.perf_counter()
     fixed = dict(fixed or {})
     if objective not in OBJECTIVES:
@@ -270,15 +274,16 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: i
                 c = reasons_by[kv] = Counter()
             c[reason] += count
 
-    for tp in opts("tp", _divisors(n)):
-        for pp in opts("pp", _divisors(n // tp) if n % tp == 0 else []):
-            if n % (tp * pp):
+    for cp, tp in _cp_tp(opts("cp", list(cp_values)), lambda k: opts("tp", _divisors(k)), n, seq_len,
+                         res, note):
+        for pp in opts("pp", _divisors(n // cp // tp) if n % (cp * tp) == 0 else []):
+            if n % (cp * tp * pp):
                 continue
-            dp = n // (tp * pp)
+            dp = n // (cp * tp * pp)
             if "dp" in fixed and fixed["dp"] != dp:
                 continue
             res.layouts_considered += 1
-            layout = {"dp": dp, "tp": tp, "pp": pp}
+            layout = {"dp": dp, "tp": tp, "pp": pp, **({"cp": cp} if cp > 1 else {})}
             reason = _layout_reason(model, dp, tp, pp, node, global_batch, allow_tp_across_nodes)
             if reason:
                 res.layouts_rejected[reason] += 1
@@ -335,7 +340,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: i
                                     note(EP_ZERO, 1, dict(mdims, sp=sp, zero=zero, recompute=rc))
                                     continue
                                 plan = ParallelPlan(
-                                    dp=dp, tp=tp, pp=pp, vpp=vpp, zero=zero, sp=sp,
+                                    dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, zero=zero, sp=sp,
                                     micro_batch=mb, global_batch=global_batch, seq_len=seq_len,
                                     recompute=rc, schedule=sched, dtype=dtype, offload=offload,
                                     grad_compression=compression, uneven_stages=uneven, ep=ep)
@@ -390,6 +395,20 @@ def ranked_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_
                  **kwargs: Any) -> list[Estimate]:
     """Every plan that fits, best first (what a test that runs the candidates iterates)."""
     return search(model, cluster, global_batch, seq_len, **kwargs).ranked
+
+
+def _cp_tp(cps: list[int], tps: Callable[[int], list[int]], n: int, seq_len: int,
+           res: SearchResult, note: Callable[..., None]) -> Iterator[tuple[int, int]]:
+    """``(cp, tp)`` pairs to search; a cp that cannot split the devices or the sequence is
+    rejected (as a layout) with its reason."""
+    for cp in cps:
+        reason = CP_DEVICES if n % cp else CP_SEQ if cp > 1 and seq_len % (2 * cp) else None
+        if reason:
+            res.layouts_rejected[reason] += 1
+            note(reason, 1, {"cp": cp})
+            continue
+        for tp in tps(n // cp):
+            yield cp, tp
 
 
 def _layout_reason(model: ModelSpec, dp: int, tp: int, pp: int, node: int, global_batch: int,

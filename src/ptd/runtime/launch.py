@@ -66,7 +66,7 @@ def check_runtime(cfg: TrainConfig, nproc: int, this_host: bool = True) -> None:
     problem = plan_problem(cfg.model, plan, compile=cfg.compile)  # the rules plan/export apply
     if problem:
         raise PtdError(problem)
-    if plan.grad_compression != "none" and (plan.tp > 1 or plan.pp > 1):
+    if plan.grad_compression != "none" and (plan.tp > 1 or plan.pp > 1 or plan.cp > 1):
         raise PtdError("gradient compression hooks need DDP, which tp > 1 or pp > 1 do not use "
                        "(their gradients are averaged over dp by the runner); use none")
     if plan.ep > 1 and plan.grad_compression != "none":

@@ -86,6 +86,8 @@ class Attention(nn.Module):
         self.recompute_core = False
         self.span = False
         """Run the core in the profiler span ``ptd:block`` (set by the measurement probe)."""
+        self.cp = None
+        """Context parallelism's core (:class:`ptd.runtime.parallel.cp.CPAttention`) or None."""
 
     def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
         b, s, _ = x.shape
@@ -106,6 +108,8 @@ class Attention(nn.Module):
             return self._core(q, k, v, rope)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: Rope) -> torch.Tensor:
+        if self.cp is not None:  # a zig-zag slice of the sequence: global positions, gathered K/V
+            return self.cp(q, k, v, rope)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         y = F.scaled_dot_product_attention(

@@ -82,4 +82,23 @@ def plan_problem(model: ModelSpec, plan: ParallelPlan, *, compile: bool = False)
     is one it trains. (What depends on the host -- fp16 needs a GPU, MoE training -- is
     ``ptd.runtime.launch.check_runtime``'s.)"""
     return (tp_problem(model, plan) or pp_problem(model, plan, compile=compile)
-            or dp_problem(model, plan))
+            or dp_problem(model, plan) or cp_problem(model, plan))
+
+
+def cp_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
+    """Why this runtime cannot run ``plan``'s context parallelism, or None (divisibility of
+    the sequence is ``ParallelPlan.validate``'s)."""
+    if plan.cp == 1:
+        return None
+    if model.position == "learned":
+        return (f"{model.name}: context parallel needs RoPE positions (each rank rotates its "
+                f"tokens by their global positions); learned position embeddings are not wired")
+    if plan.zero >= 2:
+        return "context parallel runs with zero 0 or 1 (gradients averaged over dp*cp explicitly)"
+    if plan.sp:
+        return "context parallel with sequence parallel is not supported; drop --sp"
+    if plan.ep > 1:
+        return "context parallel with expert parallel is not supported yet; use one of them"
+    if model.dropout > 0:
+        return "context parallel needs dropout 0 (attention is computed blockwise, without dropout)"
+    return None

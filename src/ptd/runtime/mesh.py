@@ -1,7 +1,7 @@
 """The process group and the one ``DeviceMesh`` of a run.
 
 The mesh has shape :func:`ptd.specs.layout.mesh_shape` and axis names ``("pp", "dp",
-"tp")``: the same row-major placement the cost model prices (tensor-parallel peers are
+"cp", "tp")``: the same row-major placement the cost model prices (tensor-parallel peers are
 consecutive ranks). Every parallel dimension takes its sub-mesh or process group from
 :class:`ParallelDims`; nothing else in the runtime computes rank arithmetic.
 
@@ -93,7 +93,7 @@ def init_distributed(plan: ParallelPlan, timeout_s: float) -> ParallelDims:
     else:
         rank, world, local_rank = 0, 1, 0
     if world != plan.world_size:
-        raise PtdError(f"dp*tp*pp = {plan.world_size} does not equal the world size {world}")
+        raise PtdError(f"dp*cp*tp*pp = {plan.world_size} does not equal the world size {world}")
     backend, device = _backend_and_device(local_rank)
     timeout = timedelta(seconds=timeout_s)
     if not dist.is_initialized():

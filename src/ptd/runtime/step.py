@@ -208,6 +208,11 @@ def make_runner(model: nn.Module, stage_modules: Sequence[nn.Module], stage_ids:
     if plan.ep > 1:  # expert gradients over the replicas of the same experts, not all of dp
         from .parallel.ep import EPGradSync
         dp_sync = EPGradSync(model, dims.group("dp"), dims.ep_mesh.get_group("edp"), plan.dp)
+    elif plan.cp > 1:  # cp joins dp for gradient averaging (zero 0/1 only: limits.cp_problem)
+        from .parallel.cp import SplitSequences, dp_cp_group
+        from .parallel.ddp import GradAllReduce
+        dp_sync = GradAllReduce([p for p in model.parameters() if p.requires_grad],
+                                dp_cp_group(plan), plan.dp * plan.cp)
     else:
         dp_sync = dp_grad_sync(model, plan, dims.group("dp"), optimizer)
     if dp_sync is not None:
@@ -219,14 +224,15 @@ def make_runner(model: nn.Module, stage_modules: Sequence[nn.Module], stage_ids:
     else:
         loss_context = contextlib.nullcontext
     if plan.pp == 1:
-        return AccumulationRunner(model, precision, loss_context, sync)
-    from .parallel.pp import ForwardOnly, build_schedule
-    chunks, ids = list(stage_modules), list(stage_ids)
+        runner: StepRunner = AccumulationRunner(model, precision, loss_context, sync)
+    else:
+        from .parallel.pp import ForwardOnly, build_schedule
+        chunks, ids = list(stage_modules), list(stage_ids)
 
-    def build(loss_fn: Callable) -> tuple[Any, Sequence[Any]]:
-        return build_schedule(chunks, ids, plan, dims.group("pp"), dims.device, loss_fn)
-    runner = PipelineRunner(build, ForwardOnly(chunks, ids, plan, dims.group("pp")), precision,
-                            loss_context, sync)
-    from .moe import exclude_metadata_inference
-    exclude_metadata_inference(runner.schedule)  # MoE routing statistics: real tokens only
-    return runner
+        def build(loss_fn: Callable) -> tuple[Any, Sequence[Any]]:
+            return build_schedule(chunks, ids, plan, dims.group("pp"), dims.device, loss_fn)
+        runner = PipelineRunner(build, ForwardOnly(chunks, ids, plan, dims.group("pp")), precision,
+                                loss_context, sync)
+        from .moe import exclude_metadata_inference
+        exclude_metadata_inference(runner.schedule)  # MoE routing statistics: real tokens only
+    return SplitSequences(runner, plan.cp, dims.coords["cp"]) if plan.cp > 1 else runner

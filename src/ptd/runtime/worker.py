@@ -50,7 +50,7 @@ def dump_params(model: torch.nn.Module, path: Path, dims: ParallelDims) -> None:
     # (not cpu_offload: with it, only global rank 0 would get a state dict)
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     sd = {k: v.detach().cpu().clone() for k, v in sd.items()}
-    if dims.plan.pp > 1 and dims.coords["dp"] == 0 and dims.coords["tp"] == 0:
+    if dims.plan.pp > 1 and dims.coords["dp"] == dims.coords["cp"] == dims.coords["tp"] == 0:
         parts: list | None = [None] * dims.plan.pp if dims.is_main else None
         dist.gather_object(sd, parts, dst=0, group=dims.group("pp"))
         if parts is not None:

@@ -1,9 +1,11 @@
-"""Where each rank sits in the ``pp x dp x tp`` grid: the one placement rule of ptd.
+"""Where each rank sits in the ``pp x dp x cp x tp`` grid: the one placement rule of ptd.
 
-Ranks are laid out row-major over ``(pp, dp, tp)``: tensor-parallel peers are consecutive
-ranks (so they share a node and its fast links), data-parallel peers are ``tp`` apart, and
-pipeline stages are ``dp*tp`` apart (the slowest links carry the least traffic). This is
-Megatron-LM's order. The cost model prices every collective with this placement and the
+Ranks are laid out row-major over ``(pp, dp, cp, tp)``: tensor-parallel peers are
+consecutive ranks (so they share a node and its fast links), context-parallel peers are
+``tp`` apart, data-parallel peers ``cp*tp`` apart, and pipeline stages ``dp*cp*tp`` apart
+(the slowest links carry the least traffic). This is Megatron-LM's order (and
+torchtitan's: cp between the data-parallel and the tensor-parallel axes). With ``cp = 1``
+it is the ``(pp, dp, tp)`` order of before. The cost model prices every collective with this placement and the
 runtime builds its ``DeviceMesh`` with the same shape and axis names, so prediction and
 measurement talk about the same groups.
 """
@@ -14,34 +16,35 @@ from typing import Literal
 
 from .plan import ParallelPlan
 
-Axis = Literal["pp", "dp", "tp"]
-AXES: tuple[Axis, ...] = ("pp", "dp", "tp")  # outermost first
+Axis = Literal["pp", "dp", "cp", "tp"]
+AXES: tuple[Axis, ...] = ("pp", "dp", "cp", "tp")  # outermost first
 
 
-def mesh_shape(plan: ParallelPlan) -> tuple[int, int, int]:
-    """``(pp, dp, tp)``: the DeviceMesh shape, in ``AXES`` order."""
-    return (plan.pp, plan.dp, plan.tp)
+def mesh_shape(plan: ParallelPlan) -> tuple[int, int, int, int]:
+    """``(pp, dp, cp, tp)``: the DeviceMesh shape, in ``AXES`` order."""
+    return (plan.pp, plan.dp, plan.cp, plan.tp)
 
 
 def coords(rank: int, plan: ParallelPlan) -> dict[Axis, int]:
-    """The ``{pp, dp, tp}`` index of ``rank``."""
+    """The ``{pp, dp, cp, tp}`` index of ``rank``."""
     tp_i = rank % plan.tp
-    dp_i = (rank // plan.tp) % plan.dp
-    pp_i = rank // (plan.tp * plan.dp)
-    return {"pp": pp_i, "dp": dp_i, "tp": tp_i}
+    cp_i = (rank // plan.tp) % plan.cp
+    dp_i = (rank // (plan.tp * plan.cp)) % plan.dp
+    pp_i = rank // (plan.tp * plan.cp * plan.dp)
+    return {"pp": pp_i, "dp": dp_i, "cp": cp_i, "tp": tp_i}
 
 
-def rank_of(pp: int, dp: int, tp: int, plan: ParallelPlan) -> int:
-    return (pp * plan.dp + dp) * plan.tp + tp
+def rank_of(pp: int, dp: int, tp: int, plan: ParallelPlan, cp: int = 0) -> int:
+    return ((pp * plan.dp + dp) * plan.cp + cp) * plan.tp + tp
 
 
 def stride(axis: Axis, plan: ParallelPlan) -> int:
     """Rank distance between neighbours along ``axis``."""
-    return {"tp": 1, "dp": plan.tp, "pp": plan.tp * plan.dp}[axis]
+    return {"tp": 1, "cp": plan.tp, "dp": plan.tp * plan.cp, "pp": plan.tp * plan.cp * plan.dp}[axis]
 
 
 def size(axis: Axis, plan: ParallelPlan) -> int:
-    return {"tp": plan.tp, "dp": plan.dp, "pp": plan.pp}[axis]
+    return {"tp": plan.tp, "cp": plan.cp, "dp": plan.dp, "pp": plan.pp}[axis]
 
 
 def group_of(rank: int, axis: Axis, plan: ParallelPlan) -> list[int]:
@@ -51,7 +54,7 @@ def group_of(rank: int, axis: Axis, plan: ParallelPlan) -> list[int]:
     for i in range(size(axis, plan)):
         c2 = dict(c)
         c2[axis] = i
-        out.append(rank_of(c2["pp"], c2["dp"], c2["tp"], plan))
+        out.append(rank_of(c2["pp"], c2["dp"], c2["tp"], plan, c2["cp"]))
     return out
 
 

@@ -37,6 +37,10 @@ class ParallelPlan:
     """Tensor-parallel degree (Megatron 1-D: heads and MLP columns split)."""
     pp: int = 1
     """Pipeline-parallel stages (ranks along the pipeline)."""
+    cp: int = 1
+    """Context-parallel degree: each sequence is cut into ``2*cp`` chunks and rank ``i`` of
+    the cp group holds chunks ``i`` and ``2*cp-1-i`` (zig-zag, balanced causal work);
+    attention gathers K/V over the group (:mod:`ptd.runtime.parallel.cp`)."""
     vpp: int = 1
     """Virtual stages per pipeline rank (model chunks); >1 means interleaved 1F1B."""
     zero: int = 0
@@ -71,7 +75,7 @@ class ParallelPlan:
     # ----------------------------------------------------------- derived
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     @property
     def n_microbatches(self) -> int:
@@ -105,6 +109,8 @@ class ParallelPlan:
         parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
         if self.ep > 1:
             parts.append(f"ep{self.ep}")
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
         parts.append(f"zero{self.zero}")
@@ -124,7 +130,7 @@ class ParallelPlan:
     # --------------------------------------------------------- validation
     def validate(self, model: ModelSpec | None = None, world_size: int | None = None) -> None:
         """Raise :class:`PtdError` with the first reason this plan cannot run."""
-        for f in ("dp", "tp", "pp", "ep", "vpp", "micro_batch", "global_batch", "seq_len"):
+        for f in ("dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch", "global_batch", "seq_len"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise PtdError(f"{f} must be a positive integer, got {v!r}")
@@ -140,7 +146,8 @@ class ParallelPlan:
             raise PtdError(f"grad_compression must be one of {', '.join(GRAD_COMPRESSION)}, "
                            f"got {self.grad_compression!r}")
         if world_size is not None and self.world_size != world_size:
-            raise PtdError(f"dp*tp*pp = {self.dp}*{self.tp}*{self.pp} = {self.world_size} "
+            cp = (f"*cp", f"*{self.cp}") if self.cp > 1 else ("", "")
+            raise PtdError(f"dp*tp*pp{cp[0]} = {self.dp}*{self.tp}*{self.pp}{cp[1]} = {self.world_size} "
                            f"does not equal the world size {world_size}")
         if self.dp % self.ep:
             raise PtdError(f"ep {self.ep} does not divide dp {self.dp} (expert parallelism is "
@@ -152,6 +159,9 @@ class ParallelPlan:
             raise PtdError("sequence parallel needs tp > 1")
         if self.sp and self.seq_len % self.tp:
             raise PtdError(f"sequence parallel needs seq_len ({self.seq_len}) divisible by tp ({self.tp})")
+        if self.cp > 1 and self.seq_len % (2 * self.cp):
+            raise PtdError(f"context parallel cp {self.cp} needs seq_len ({self.seq_len}) divisible by "
+                           f"2*cp = {2 * self.cp} (zig-zag: every sequence is cut into 2*cp chunks)")
         if self.pp == 1 and self.vpp > 1:
             raise PtdError("vpp > 1 (virtual pipeline stages) needs pp > 1")
         if self.pp > 1:

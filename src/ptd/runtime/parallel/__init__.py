@@ -51,6 +51,9 @@ def parallelize(model: nn.Module, plan: ParallelPlan, dims: ParallelDims, *, see
     if plan.ep > 1:
         from .ep import apply_ep
         apply_ep(model, dims.ep_mesh)
+    if plan.cp > 1:
+        from .cp import apply_cp
+        apply_cp(model, dims.group("cp"), dims.coords["cp"], plan.cp)
     if plan.recompute != "none":
         apply_recompute(model, plan.recompute)
     if compile:
@@ -60,8 +63,8 @@ def parallelize(model: nn.Module, plan: ParallelPlan, dims: ParallelDims, *, see
         init_device = torch.device("cpu") if plan.offload else dims.device
         return materialize(model, init_device, seed, roots=roots)
     materialize(model, dims.device, seed)
-    if plan.tp > 1 or plan.pp > 1 or plan.zero == 2 or plan.ep > 1:
-        return model  # gradients reduced over dp by the runner (GradAllReduce, ReduceToOwner)
+    if plan.tp > 1 or plan.pp > 1 or plan.zero == 2 or plan.ep > 1 or plan.cp > 1:
+        return model  # gradients reduced over dp (dp x cp) by the runner (GradAllReduce, ReduceToOwner)
     return apply_ddp(model, dims.group("dp"), plan, dims.device)
 
 

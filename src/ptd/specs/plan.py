@@ -146,7 +146,7 @@ class ParallelPlan:
             raise PtdError(f"grad_compression must be one of {', '.join(GRAD_COMPRESSION)}, "
                            f"got {self.grad_compression!r}")
         if world_size is not None and self.world_size != world_size:
-            cp = (f"*cp", f"*{self.cp}") if self.cp > 1 else ("", "")
+            cp = ("*cp", f"*{self.cp}") if self.cp > 1 else ("", "")
             raise PtdError(f"dp*tp*pp{cp[0]} = {self.dp}*{self.tp}*{self.pp}{cp[1]} = {self.world_size} "
                            f"does not equal the world size {world_size}")
         if self.dp % self.ep:

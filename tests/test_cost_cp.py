@@ -82,17 +82,24 @@ def test_step_time_reports_cp_and_splits_tokens():
                                      + s8.bubble + s8.optimizer + s8.cp_comm)
 
 
-def test_estimate_405b_128k_fits_with_cp_in_breakdown(ptd_cli):
+def test_estimate_405b_128k_prices_cp_and_fits_only_with_sp(ptd_cli):
+    # The long-context layout (Llama 3 405B at 128k tokens, cp 16, dp 4) fits with sequence
+    # parallelism: the cost model prices it at under the 78 GiB usable.
+    from ptd.cost.estimate import estimate
+    with_sp = estimate(M405, BIG, plan405(zero=0))
+    assert with_sp.memory.fits and with_sp.step.cp_comm_total > 0
+    # ptd's runtime does not combine cp with sp yet, and estimate chooses only what ptd
+    # trains (the one plan validator): the command prices the layout without sp, with the cp
+    # exchange in its breakdown, and says it does not fit.
     rc, out, err = ptd_cli("estimate", *CMD_405B)
     assert rc == 0, err
-    assert "dp4 tp8 pp16 cp16" in out
-    assert "fits in" in out and "DOES NOT FIT" not in out
-    assert "cp_comm" in out and "K/V exchange" in out
+    assert "dp4 tp8 pp16 cp16" in out and "sp=False" in out
+    assert "cp_comm" in out and "K/V exchange" in out and "DOES NOT FIT" in out
     rc, out, err = ptd_cli("estimate", *CMD_405B, "--json")
     d = json.loads(out)
     assert d["plan"]["cp"] == 16 and d["plan"]["dp"] == 4
     assert d["step_time_s"]["cp_comm_total"] > 0 and "cp_comm" in d["step_time_s"]
-    assert d["fits"] and d["memory_per_device_bytes"]["total"] <= d["memory_capacity_bytes"]
+    assert not d["fits"]
 
 
 def test_plan_searches_cp_and_rejects_with_reason(ptd_cli):
@@ -104,8 +111,10 @@ def test_plan_searches_cp_and_rejects_with_reason(ptd_cli):
     assert d["search"]["layouts_rejected"] == {"cp does not divide the devices": 1}  # cp 3
     assert d["search"]["layouts_considered"] == 2  # cp 1 and cp 16 (tp 8, pp 16 fixed)
     assert (d["cp_values"], d["dp_comm"], d["servers"]) == ([1, 3, 16], "allreduce", None)
-    # at 128k tokens only cp 16 fits: cp 1 leaves dp 64, 2 micro-batches for 16 stages
-    assert d["top"][0]["plan"]["cp"] == 16 and d["top"][0]["plan"]["dp"] == 4
+    # At 128k tokens cp 16 fits only with sequence parallelism, which ptd's runtime does not
+    # combine with cp yet; the planner ranks only what ptd trains, so no cp 16 plan is left
+    # (the cp 1 plans that fit are bubble-bound GPipe: see docs/parallelism-cp.md).
+    assert d["top"] and all(t["plan"]["cp"] == 1 for t in d["top"])
     # seq 48 cannot be cut into 2*16 chunks
     rc, out, err = ptd_cli("plan", "--model", "tiny", "--hardware", "h100-sxm", "--gpus", "16",
                            "--seq-len", "48", "--global-batch", "16", "--cp", "1,16", "--json")

@@ -139,3 +139,14 @@ def forbid_processes(monkeypatch: Any, start_workers: Any = None) -> None:
     monkeypatch.setattr(launch, "start_workers", start_workers or boom)
     monkeypatch.setattr(subprocess, "run", boom)
     monkeypatch.setattr(subprocess, "Popen", boom)
+
+
+def toy_links() -> Any:
+    """An H100 preset with hand-chosen links (no calibrated fits), so that communication
+    tests can write the alpha-beta arithmetic out: NVLink 100 GB/s at 50% (50 GB/s
+    effective), 2 us; network 10 GB/s at 80% (8 GB/s effective), 10 us."""
+    from ptd.specs.hardware import LinkSpec
+    return load_hardware("h100-sxm").replace(
+        intra_node=LinkSpec(bandwidth=100e9, latency=2e-6, efficiency=0.5),
+        inter_node=LinkSpec(bandwidth=10e9, latency=10e-6, efficiency=0.8),
+        collectives=())

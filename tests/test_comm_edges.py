@@ -7,10 +7,10 @@ level, and a calibrated fit used at a smaller group. Same links as test_comm_gol
 """
 
 import pytest
+from helpers import toy_links
 
 from ptd.cost.comm import bus_factor, collective_time, flat_time, latency_steps
-from ptd.specs import load_hardware
-from ptd.specs.hardware import CollectiveFit, LinkSpec
+from ptd.specs.hardware import CollectiveFit
 
 M = 1e9
 REL = 1e-12
@@ -18,10 +18,7 @@ REL = 1e-12
 
 @pytest.fixture(scope="module")
 def hw():
-    return load_hardware("h100-sxm").replace(
-        intra_node=LinkSpec(bandwidth=100e9, latency=2e-6, efficiency=0.5),
-        inter_node=LinkSpec(bandwidth=10e9, latency=10e-6, efficiency=0.8),
-        collectives=())
+    return toy_links()  # helpers.py: the links' numbers, written out there
 
 
 def test_members_per_node_default_to_n_over_nodes(hw):

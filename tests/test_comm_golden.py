@@ -18,10 +18,10 @@ code under test. Links chosen with round numbers:
 """
 
 import pytest
+from helpers import toy_links
 
 from ptd.cost.comm import collective_time, latency_steps
-from ptd.specs import load_hardware
-from ptd.specs.hardware import CollectiveFit, LinkSpec
+from ptd.specs.hardware import CollectiveFit
 
 M = 1e9
 REL = 1e-12
@@ -29,10 +29,7 @@ REL = 1e-12
 
 @pytest.fixture(scope="module")
 def hw():
-    return load_hardware("h100-sxm").replace(
-        intra_node=LinkSpec(bandwidth=100e9, latency=2e-6, efficiency=0.5),
-        inter_node=LinkSpec(bandwidth=10e9, latency=10e-6, efficiency=0.8),
-        collectives=())
+    return toy_links()  # helpers.py: the links' numbers, written out there
 
 
 # --------------------------------------------------------- one node, n = 8 (alpha 2 us, M/B 0.02 s)

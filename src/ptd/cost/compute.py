@@ -119,7 +119,7 @@ def shape_efficiency(m: float, n: float, k: float, sms: int, count: float = 1) -
     Background User's Guide", Deep Learning Performance documentation) -- the best of the
     tile shapes, as cuBLAS's heuristics pick -- times ``k / (k + K_FILL)``.
 
-    Checked against an H100 (tests/test_cost_shapes.py): the products of transformer layers
+    Checked against an H100 (tests/test_validate.py): the products of transformer layers
     (hidden 2304..12288, tp 1..8) are predicted within a median 6.4% of their measured rates
     with the preset's efficiency (Bekman's maximum achievable) and the measured launch cost."""
     m, n, count = math.ceil(m), math.ceil(n), max(1, math.ceil(count))
@@ -148,6 +148,36 @@ def gemm_time(g: Gemm, rate: float, bw: float, act_bytes: int, hw: HardwareSpec 
         return max(g.flops / rate, mem / bw)
     eff = shape_efficiency(g.m, g.n, g.k, hw.sm_count, g.count)
     return max(g.flops / (rate * eff), mem / bw) + hw.kernel_launch * g.count
+
+
+def overlap_loss(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: int, tp: int,
+                 dtype: str, rate: float, bw: float, block: "BlockTime") -> float:
+    """Seconds of computation lost per second that a collective runs beside it.
+
+    A running collective holds ``hw.comm_sms`` multiprocessors, so the block's linear
+    products run on the rest: fewer multiprocessors, and the shape model's waves over
+    them. Over an overlapped second the products advance ``1/r`` of a second of work (``r``
+    their slowdown), so the step gains ``1 - 1/r`` of a second, times the products' share of
+    the block's forward and backward time. Attention and memory-bound kernels are taken as
+    unaffected (they are bound by bandwidth or by their own tiles, not measured here)."""
+    if not hw.sm_count or not hw.comm_sms:
+        return 0.0
+    ab = DTYPE_BYTES[dtype]
+    lin, _ = block_gemms(model, seq_len * micro_batch, seq_len, micro_batch, tp)
+    # the products' time alone and beside a collective (in units of the large-matmul rate)
+    full = sum(g.flops / busy_rate(g, hw.sm_count, 0) for g in lin)
+    slow = sum(g.flops / busy_rate(g, hw.sm_count, hw.comm_sms) for g in lin)
+    share = min(1.0, 3 * sum(gemm_time(g, rate, bw, ab, hw) for g in lin)
+                / max(block.forward + block.backward, 1e-30))
+    return (1.0 - full / slow) * share
+
+
+def busy_rate(g: Gemm, sms: int, busy: int) -> float:
+    """Rate of ``g`` while ``busy`` of the device's ``sms`` multiprocessors are taken, as a
+    fraction of the large-matmul rate of the whole device: the free multiprocessors' share
+    times the shape efficiency of waves over them."""
+    free = sms - busy
+    return free / sms * shape_efficiency(g.m, g.n, g.k, free, g.count)
 
 
 def block_gemms(model: ModelSpec, tokens: int, seq_len: int, micro_batch: int, tp: int

@@ -74,6 +74,10 @@ class StepBreakdown:
     cp_comm: float = 0.0
     """Context-parallel K/V exchange not hidden behind attention (:mod:`.context`)."""
     cp_comm_total: float = 0.0
+    overlap: float = 0.0
+    """Computation lost to collectives running beside it: data-parallel and context-parallel
+    communication hidden behind compute takes multiprocessors from it
+    (:func:`ptd.cost.compute.overlap_loss`)."""
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -81,7 +85,7 @@ class StepBreakdown:
     @property
     def largest(self) -> str:
         parts = {k: getattr(self, k) for k in ("compute", "tp_comm", "pp_comm", "dp_comm_exposed",
-                                               "bubble", "optimizer", "ep_comm", "cp_comm")}
+                                               "bubble", "optimizer", "ep_comm", "cp_comm", "overlap")}
         return max(parts, key=parts.get)  # type: ignore[arg-type]
 
 
@@ -315,13 +319,17 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     compute = m * (f + b + rc)
     tp_comm = m * (tf + tb) + tp_step
     ep_comm = _ep_time(model, plan, cluster, nl, rate, moe_imbalance)
+    # hidden communication is not free: it slows the computation it hides behind
+    hidden = max(0.0, dp_total - dp_exposed) if dp_overlap else 0.0
+    hidden += m * max(0.0, cpt.comm_total - cpt.comm_exposed)
+    overlap = hidden * _memo(C.overlap_loss, model, hw, s, mb, plan.tp, plan.dtype, rate, bw, blk)
     total = (compute + tp_comm + pp_comm + bubble + dp_exposed + optimizer + ep_comm
-             + m * cpt.comm_exposed)
+             + m * cpt.comm_exposed + overlap)
     return StepBreakdown(total=total, compute=compute, tp_comm=tp_comm, pp_comm=pp_comm,
                          dp_comm_exposed=dp_exposed, bubble=bubble, optimizer=optimizer,
                          forward=m * f, backward=m * b, recompute=m * rc, dp_comm_total=dp_total,
                          ep_comm=ep_comm, cp_comm=m * cpt.comm_exposed,
-                         cp_comm_total=m * cpt.comm_total)
+                         cp_comm_total=m * cpt.comm_total, overlap=overlap)
 
 
 def _ep_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, layers: int, rate: float,

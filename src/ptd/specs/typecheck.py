@@ -142,6 +142,11 @@ def check_hardware(hw: Any) -> None:
         positive(w, f"peak_flops.{dt}", v)
     for f in ("memory_bytes", "memory_bandwidth", "host_bandwidth"):
         positive(w, f, getattr(hw, f))
+    if not 0 <= hw.sm_count <= 2**20:
+        raise PtdError(f"{w}sm_count must be in 0..2**20, got {hw.sm_count!r}")
+    if hw.comm_sms and not 0 <= hw.comm_sms < hw.sm_count:
+        raise PtdError(f"{w}comm_sms must be >= 0 and below sm_count ({hw.sm_count}), "
+                       f"got {hw.comm_sms!r}")
     if not 1 <= hw.devices_per_node <= 2**20:
         raise PtdError(f"{w}devices_per_node must be in 1..2**20, got {hw.devices_per_node!r}")
     for table in ("gemm_flops_measured", "overheads_measured"):

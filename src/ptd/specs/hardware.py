@@ -117,6 +117,12 @@ class HardwareSpec:
     gemm_flops_measured: dict[str, dict[int, float]] = field(default_factory=dict)
     """From ``ptd calibrate``: achieved matmul FLOP/s per worker, by dtype, then by how many
     workers ran at once on the node (cores and memory are shared). Overrides peak*efficiency."""
+    gemm_shapes_measured: dict[str, dict[str, float]] = field(default_factory=dict)
+    """From ``ptd calibrate``: the rate each product shape ``"MxNxK"`` ((m x k) @ (k x n))
+    reached, by dtype, relative to the matmul rate ``R`` of ``gemm_flops_measured`` at the
+    same worker count (may exceed 1). Where present, each product of the cost model runs at
+    ``R`` times its shape's value (:func:`ptd.cost.compute.shape_fraction`), instead of the
+    shape model or ``R`` itself."""
     memory_bandwidth_measured: dict[int, float] = field(default_factory=dict)
     """From ``ptd calibrate``: achieved copy bandwidth per worker (bytes/s) by workers at once.
     Overrides memory_bandwidth*memory_efficiency."""
@@ -494,6 +500,13 @@ def hardware_from_dict(d: dict[str, Any], name: str = "custom") -> HardwareSpec:
                 d[k] = {int(n): _number(v) for n, v in d[k].items()}
     except (TypeError, ValueError, AttributeError):
         raise PtdError(f"{name}: measured tables want workers = number (e.g. 1 = 2.5e10)") from None
+    if "gemm_shapes_measured" in d:
+        try:
+            d["gemm_shapes_measured"] = {dt: {str(k): _number(r) for k, r in t.items()}
+                                         for dt, t in d["gemm_shapes_measured"].items()}
+        except (TypeError, ValueError, AttributeError):
+            raise PtdError(f"{name}: gemm_shapes_measured must be a table of dtype tables "
+                           '"MxNxK" = number (e.g. fp32."1024x256x64" = 0.8)') from None
     if "blocking_wait_measured" in d:
         try:
             d["blocking_wait_measured"] = {

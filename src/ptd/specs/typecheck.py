@@ -158,6 +158,15 @@ def check_hardware(hw: Any) -> None:
                     w, f"{table}.{key}[{n}]", v)
     for n, v in hw.memory_bandwidth_measured.items():
         positive(w, f"memory_bandwidth_measured[{n}]", v)
+    for dt, shapes in hw.gemm_shapes_measured.items():
+        if not isinstance(shapes, dict):
+            raise PtdError(f"{w}gemm_shapes_measured.{dt} must be a table of \"MxNxK\" = FLOP/s")
+        for key, v in shapes.items():
+            dims = str(key).split("x")
+            if len(dims) != 3 or not all(d.isdigit() and 0 < int(d) <= 2**24 for d in dims):
+                raise PtdError(f"{w}gemm_shapes_measured.{dt}: shape {key!r} is not MxNxK "
+                               "(positive integers, e.g. \"1024x256x64\")")
+            positive(w, f"gemm_shapes_measured.{dt}[{key}]", v)
     for n, v in hw.op_overhead_measured.items():
         _nonneg(w, f"op_overhead_measured[{n}]", v)
     for tables in (hw.gemm_flops_measured.values(), hw.overheads_measured.values(),

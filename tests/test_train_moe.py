@@ -1,6 +1,6 @@
 """Mixture-of-experts training and expert parallelism through ``ptd train`` (torchrun, gloo):
 per-step losses, gradient norms, final parameters and routing statistics of every ep layout
-of issue 15 against one process (tiny-moe, fp32, dropless, 10 steps), with the parity
+against one process (tiny-moe, fp32, dropless, 10 steps), with the parity
 harness of ``test_train_dist``. One micro-batch is one sequence everywhere: the auxiliary
 losses are per micro-batch, so the micro-batches must hold the same tokens in every layout.
 """
@@ -9,12 +9,18 @@ import json
 
 import pytest
 
-from test_train_dist import COMMON as DIST_COMMON, assert_same_run, trained
+import functools
+
+import helpers
+from helpers import assert_same_run
 
 pytestmark = pytest.mark.dist
 
-COMMON = [*DIST_COMMON[:1], "tiny-moe", *DIST_COMMON[2:], "--micro-batch", "1", "--profile-steps", "0"]
+# tiny-moe, 8 sequences of 64 tokens per step, 10 steps, one sequence per micro-batch
+COMMON = ["--model", "tiny-moe", "--steps", "10", "--global-batch", "8", "--seq-len", "64",
+          "--warmup", "3", "--timeout", "60", "--micro-batch", "1", "--profile-steps", "0"]
 RUN_TIMEOUT = 150
+trained = functools.partial(helpers.trained, dump_params=True)
 
 LAYOUTS = [  # (ep 2 on dp 2: test_checkpoints_reshard_across_ep)
     ("ep2-dp4-recompute", ["--nproc", "4", "--ep", "2", "--recompute", "full"]),  # recomputed dispatch
@@ -111,12 +117,12 @@ def test_checkpoints_reshard_across_ep(reference, home, tmp_path):
     # gives ptd's logits
     import torch
     from ptd.cli import main as cli
-    from test_checkpoint import _checkpoint_model, _hf_logits, _ptd_logits
+    from helpers import checkpoint_model, hf_logits, ptd_logits
     out = tmp_path / "hf"
     assert cli(["export", str(run), "--format", "hf", "--out", str(out)]) == 0
-    spec, state = _checkpoint_model(run / "checkpoints" / "step_00000010")
+    spec, state = checkpoint_model(run / "checkpoints" / "step_00000010")
     tokens = torch.randint(0, 256, (2, 48), generator=torch.Generator().manual_seed(3))
-    name, theirs = _hf_logits(out, tokens)
+    name, theirs = hf_logits(out, tokens)
     assert name == "MixtralForCausalLM"
-    ours = _ptd_logits(spec, state, tokens)
+    ours = ptd_logits(spec, state, tokens)
     assert (ours - theirs).abs().max().item() <= 1e-4 * ours.abs().max().item()

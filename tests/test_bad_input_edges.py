@@ -231,7 +231,7 @@ def test_check_writable_creates_nothing(home):
 
 
 def test_json_safe_replaces_non_finite_with_null_and_a_reason(capsys):
-    from ptd.cli import emit_json
+    from ptd.commands.args import emit_json
     from ptd.safeio import dumps_strict
     obj = {"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -float("inf")}, "e": 2.5}
     text = dumps_strict(obj)

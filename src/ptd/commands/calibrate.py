@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..cli import emit_json, positive_int, positive_ints
+from .args import emit_json, positive_int, positive_ints
 from ..errors import PtdError
 from ..fmt import duration, si, table
 

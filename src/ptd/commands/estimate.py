@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from ..cost.stacks import STACKS
-from ..cli import emit_json, nonneg_int, positive_float, positive_int
+from .args import emit_json, nonneg_int, positive_float, positive_int
 from ..errors import PtdError
 from ..fmt import duration, gib, pct, si, table
 

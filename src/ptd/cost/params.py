@@ -18,18 +18,15 @@ memory predicted from here is the memory measured, byte for byte:
 
 from __future__ import annotations
 
-import functools
 import heapq
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable, TypeVar
 
 from . import moe as moe_cost
 from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
-
-T = TypeVar("T")
+from .memo import memo
 
 
 @dataclass(frozen=True)
@@ -55,36 +52,7 @@ def _numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
-def memo_by_model(fn: Callable[..., T] | None = None, *, maxsize: int = 16384) -> Any:
-    """Remember ``fn(model, *args)`` by the model's identity and the other arguments.
-
-    ``functools.lru_cache`` hashes its arguments on every call, and hashing a
-    :class:`ModelSpec` (twenty fields) costs more than most of what is remembered here; an
-    ``id`` costs nothing. Each entry keeps its model alive, so an id is never reused while
-    its entry exists; the memo is emptied when it reaches ``maxsize`` entries.
-    """
-    def decorate(f: Callable[..., T]) -> Callable[..., T]:
-        memo: dict[tuple, tuple] = {}
-
-        @functools.wraps(f)
-        def wrapper(model: ModelSpec, *args: Any) -> T:
-            key = (id(model),) + args
-            hit = memo.get(key)
-            if hit is not None and hit[0] is model:
-                return hit[1]
-            if len(memo) >= maxsize:
-                memo.clear()
-            value = f(model, *args)
-            memo[key] = (model, value)
-            return value
-
-        wrapper.cache_clear = memo.clear  # type: ignore[attr-defined]
-        return wrapper
-
-    return decorate(fn) if fn is not None else decorate
-
-
-@memo_by_model
+@memo
 def layer_params(model: ModelSpec) -> tuple[Param, ...]:
     """The tensors of one transformer block, in the runtime's registration order."""
     h, q, kv = model.hidden, model.q_dim, model.kv_dim
@@ -138,7 +106,7 @@ def _moe_params(model: ModelSpec) -> list[Param]:
     return out
 
 
-@memo_by_model
+@memo
 def first_stage_params(model: ModelSpec) -> tuple[Param, ...]:
     """Embeddings (on the first pipeline stage)."""
     out = [Param("tok_embeddings.weight", (model.vocab_size, model.hidden), 0, False)]
@@ -147,7 +115,7 @@ def first_stage_params(model: ModelSpec) -> tuple[Param, ...]:
     return tuple(out)
 
 
-@memo_by_model
+@memo
 def last_stage_params(model: ModelSpec, separate_output: bool) -> tuple[Param, ...]:
     """Final norm and output layer (on the last stage). ``separate_output``: the output
     matrix is a tensor of its own (untied, or tied but on another stage than the embedding)."""
@@ -182,7 +150,7 @@ def _output_cost(model: ModelSpec) -> float:
     return 6.0 * model.vocab_size * model.hidden
 
 
-@memo_by_model
+@memo
 def stage_split(model: ModelSpec, n_stages: int, seq_len: int,
                 balanced: bool = False) -> tuple[int, ...]:
     """Layers per virtual stage, contiguous.
@@ -250,7 +218,7 @@ def layout_plan(key: tuple[int, int, bool, int, bool], **fields: int) -> Paralle
     return plan
 
 
-@memo_by_model
+@memo
 def _rank_layers(model: ModelSpec, key: tuple[int, int, bool, int, bool]) -> tuple[int, ...]:
     pp, n_stages, v_shape, seq_len, balanced = key
     split = stage_split(model, n_stages, seq_len, balanced)
@@ -276,7 +244,7 @@ def rank_layers_of(model: ModelSpec, key: tuple[int, int, bool, int, bool]) -> t
     return _rank_layers(model, key)
 
 
-@memo_by_model
+@memo
 def _widest_plain_rank(model: ModelSpec, key: tuple[int, int, bool, int, bool]) -> int | None:
     first, last = ends_of(key)
     layers = _rank_layers(model, key)
@@ -320,7 +288,7 @@ def _numel_of(params: tuple[Param, ...], tp: int) -> int:
     return sum(_numel(p.local_shape(tp)) for p in params)
 
 
-@memo_by_model
+@memo
 def block_numel(model: ModelSpec, tp: int) -> int:
     """Parameters of one block on one tp rank."""
     return _numel_of(layer_params(model), tp)
@@ -340,7 +308,7 @@ def ends_of(key: tuple[int, int, bool, int, bool]) -> tuple[int, int]:
     return 0, ((last if last < pp else 2 * pp - 1 - last) if v_shape else last % pp)
 
 
-@memo_by_model
+@memo
 def _local_numels(model: ModelSpec, key: tuple[int, int, bool, int, bool], tp: int) -> tuple[int, ...]:
     """:func:`local_numel` of every pipeline rank (memoised: the planner asks for the same
     layout under many micro-batch, ZeRO and recompute settings)."""
@@ -401,7 +369,7 @@ def rank_zero1_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> tupl
     return _rank_zero1(model, nl, first, last, separate, plan.tp, plan.dp)
 
 
-@memo_by_model(maxsize=1024)  # entries hold one number per dp rank
+@memo(maxsize=1024)  # entries hold one number per dp rank
 def _rank_zero1(model: ModelSpec, nl: int, first: bool, last: bool, separate: bool, tp: int,
                 dp: int) -> tuple[int, ...]:
     params: list[Param] = []

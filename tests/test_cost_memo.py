@@ -86,7 +86,7 @@ def test_activation_peak_is_the_plain_loop(attention):
             best = 0.0
             for r in range(p.pp):
                 k = M.in_flight(p, r)
-                t = k * P.rank_layers(m, p, r) * per_layer
+                t = k * P.layers_per_rank(m, p)[r] * per_layer
                 if r == first and m.dropout > 0:
                     t += k * ab * p.seq_len * p.micro_batch * m.hidden / (p.tp if p.sp else 1)
                 if r == last:

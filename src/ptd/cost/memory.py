@@ -265,7 +265,7 @@ def _held_layers(model: ModelSpec, layout: tuple, m: int, v: int, schedule: str
     block's activation bytes), and the largest of these over the ranks that hold neither the
     embeddings nor the output layer (None if there are none)."""
     p = layout[0]
-    layers = P.rank_layers_of(model, layout)
+    layers = P.layout_layers(model, layout)
     first, last = P.ends_of(layout)
     held = tuple(_in_flight(p, m, v, schedule, r) * layers[r] for r in range(p))
     plain = [h for r, h in enumerate(held) if r != first and r != last]

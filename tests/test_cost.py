@@ -10,6 +10,7 @@ from ptd.cost.estimate import CostOptions, choose, estimate
 from ptd.cost.flops import flops_per_token, megatron_flops_per_iteration
 from helpers import gpt
 from ptd.specs import ClusterSpec, ParallelPlan, get_preset, load_hardware
+from ptd.specs.stages import stage_split
 
 GiB = 2**30
 
@@ -172,14 +173,14 @@ def test_stage_split_balances_output_layer():
     # off it; without, layers that divide evenly are split evenly (as Megatron-LM and
     # torchtitan do: Llama-3-70B on pp 4 is 20/20/20/20, Llama-3-8B on pp 2 is 16/16)
     m = get_preset("llama3-8b").replace(n_layers=8, vocab_size=512000)
-    split = P.stage_split(m, 4, 4096, True)
+    split = stage_split(m, 4, 4096, True)
     assert sum(split) == 8 and split[-1] < 2
-    assert P.stage_split(m, 4, 4096) == (2, 2, 2, 2)
-    assert P.stage_split(get_preset("llama2-7b"), 4, 4096) == (8, 8, 8, 8)
-    assert P.stage_split(get_preset("llama3-70b"), 4, 8192) == (20, 20, 20, 20)
-    assert P.stage_split(get_preset("llama3-8b"), 2, 8192) == (16, 16)
+    assert stage_split(m, 4, 4096) == (2, 2, 2, 2)
+    assert stage_split(get_preset("llama2-7b"), 4, 4096) == (8, 8, 8, 8)
+    assert stage_split(get_preset("llama3-70b"), 4, 8192) == (20, 20, 20, 20)
+    assert stage_split(get_preset("llama3-8b"), 2, 8192) == (16, 16)
     # 126 layers on 16 stages do not divide: balanced by cost, ends one layer short
-    assert P.stage_split(get_preset("llama3.1-405b"), 16, 8192) == (7,) + (8,) * 14 + (7,)
+    assert stage_split(get_preset("llama3.1-405b"), 16, 8192) == (7,) + (8,) * 14 + (7,)
 
 
 def test_memory_parts_shrink_with_sharding():

@@ -9,6 +9,7 @@ import itertools
 import pytest
 
 from ptd.cost import memory as M
+from ptd.specs.stages import stage_to_rank
 from ptd.cost import params as P
 from ptd.cost.estimate import estimate
 from ptd.errors import PtdError
@@ -82,7 +83,7 @@ def test_activation_peak_is_the_plain_loop(attention):
             ab = DTYPE_BYTES[p.dtype]
             per_layer = M.activation_bytes_per_layer(m, p.seq_len, p.micro_batch, p.tp, p.sp,
                                                      p.recompute, ab, attention)
-            first, last = P.stage_to_rank(0, p), P.stage_to_rank(p.n_stages - 1, p)
+            first, last = stage_to_rank(0, p), stage_to_rank(p.n_stages - 1, p)
             best = 0.0
             for r in range(p.pp):
                 k = M.in_flight(p, r)
@@ -104,7 +105,7 @@ def test_slowest_rank_candidates_cover_every_rank():
     for m, p in layouts():
         cands = P.heaviest_rank_candidates(m, p)
         layers = P.layers_per_rank(m, p)
-        first, last = P.stage_to_rank(0, p), P.stage_to_rank(p.n_stages - 1, p)
+        first, last = stage_to_rank(0, p), stage_to_rank(p.n_stages - 1, p)
         assert first in cands and last in cands and list(cands) == sorted(cands)
         plain = [r for r in cands if r not in (first, last)]
         for r in range(p.pp):

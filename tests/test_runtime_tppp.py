@@ -12,6 +12,7 @@ from torch import nn
 from ptd.cost import params as P
 from ptd.specs import ParallelPlan, get_preset, load_model
 from ptd.specs.layout import AXES, groups, mesh_shape
+from ptd.specs.stages import stage_to_rank
 
 
 @contextlib.contextmanager
@@ -68,7 +69,7 @@ def test_stages_and_shards_are_what_the_cost_model_prices(plan, tp):
                         for p in model.parameters())
             assert local == P.local_numel(TINY8, plan, pp_rank)
             assert len(model.layers) == P.layers_per_rank(TINY8, plan)[pp_rank]
-            assert ids == [s for s in range(plan.n_stages) if P.stage_to_rank(s, plan) == pp_rank]
+            assert ids == [s for s in range(plan.n_stages) if stage_to_rank(s, plan) == pp_rank]
             # the chunks share the rank model's parameters (no copies), in stage order
             chunk_params = [id(p) for c in chunks for p in c.parameters()]
             assert sorted(chunk_params) == sorted(id(p) for p in model.parameters())

@@ -197,7 +197,7 @@ def test_uneven_stages_opt_in():
     with pytest.raises(PtdError, match="126 layers are not divisible by pp = 16"):
         published.validate(m, 16384)
     published.replace(uneven_stages=True).validate(m, 16384)
-    from ptd.cost.params import stage_split
+    from ptd.specs.stages import stage_split
     split = stage_split(m, 16, 8192)
     assert sum(split) == 126 and split[0] == split[-1] == 7 and set(split[1:-1]) == {8}
     with pytest.raises(PtdError, match="cannot fill"):

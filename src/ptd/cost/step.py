@@ -33,6 +33,7 @@ from functools import lru_cache
 
 from ..specs.hardware import DTYPE_BYTES, ClusterSpec
 from ..specs.layout import axis_node_split
+from ..specs.stages import stage_to_rank
 from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
 from . import compute as C
@@ -165,7 +166,7 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     tp_out_f = (ar if plan.sp else 0.0) + 3 * loss_ar
 
     # per pipeline rank: compute and tp time of one micro-batch through all its chunks
-    first, last = P.stage_to_rank(0, plan), P.stage_to_rank(plan.n_stages - 1, plan)
+    first, last = stage_to_rank(0, plan), stage_to_rank(plan.n_stages - 1, plan)
     worst = None
     layers = P.layers_per_rank(model, plan)
     for r in P.heaviest_rank_candidates(model, plan):

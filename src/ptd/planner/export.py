@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..cost.estimate import CostOptions, Estimate
-from ..cost.params import stage_split
+from ..specs.stages import stage_split
 from ..errors import PtdError
 from ..fmt import duration, gib, si
 from ..specs.config import TrainConfig

@@ -66,7 +66,7 @@ class ParallelPlan:
     """DDP gradient-communication hook: none, fp16 (halves bytes), powersgd (low rank)."""
     uneven_stages: bool = False
     """Allow a layer count not divisible by ``pp * vpp``: stages then get the cost-balanced
-    split of :func:`ptd.cost.params.stage_split` (Llama 3 405B ran 126 layers on 16 stages,
+    split of :func:`ptd.specs.stages.stage_split` (Llama 3 405B ran 126 layers on 16 stages,
     the first and last one layer short)."""
     ep: int = 1
     """Expert-parallel degree (MoE): the routed experts split over ``ep`` consecutive

@@ -2,9 +2,9 @@
 ``torch.distributed.pipelining``.
 
 **Stages.** The ``n_layers`` blocks are cut into ``pp * stages_per_rank`` contiguous virtual
-stages by :func:`ptd.cost.params.stage_split` (forward+backward FLOPs balanced, the output
+stages by :func:`ptd.specs.stages.stage_split` (forward+backward FLOPs balanced, the output
 layer counted on the last stage), and virtual stage ``s`` runs on pipeline rank
-:func:`ptd.cost.params.stage_to_rank` ``(s)``: round-robin for interleaved schedules, a V
+:func:`ptd.specs.stages.stage_to_rank` ``(s)``: round-robin for interleaved schedules, a V
 (stages ``r`` and ``2p-1-r`` on rank ``r``) for ZB-V. The first stage holds the embeddings,
 the last the final norm and the output layer. These are the cost model's own functions, so
 the layout priced is the layout run.
@@ -44,7 +44,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ...cost.params import stage_split, stage_to_rank
+from ...specs.stages import stage_split, stage_to_rank
 from ...specs import ModelSpec, ParallelPlan
 from ..limits import schedule_name
 from ..model import Transformer

@@ -28,9 +28,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +36,7 @@ from typing import Any, Iterable
 from ..cost import metrics as M
 from ..errors import PtdError
 from ..fmt import duration, gib, pct, table
+from ..trainrun import train_subprocess
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "tp", "pp", "3d")
 
@@ -83,27 +81,6 @@ def train_flags(lay: Layout, global_batch: int) -> list[str]:
     return flags
 
 
-def run_one(out: Path, common: list[str], flags: list[str], timeout: float) -> dict[str, Any]:
-    """One ``ptd train`` run; its summary (with ``error`` if it failed)."""
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "ptd", "train", *common, *flags, "--out", str(out)]
-    t0 = time.perf_counter()
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    except subprocess.TimeoutExpired:  # a failed row, not a crash of the whole bench
-        return {"error": f"timed out after {timeout:g} s (--run-timeout)",
-                "wall_s": time.perf_counter() - t0}
-    wall = time.perf_counter() - t0
-    (out / "bench.log").write_text(r.stdout + "\n" + r.stderr)
-    if r.returncode != 0 or not (out / "summary.json").is_file():
-        tail = (r.stderr.strip().splitlines() or ["?"])[-1]
-        return {"error": tail, "wall_s": wall}
-    s = json.loads((out / "summary.json").read_text())
-    s["wall_s"] = wall
-    return s
-
-
 def _speedups(t: dict[int, float]) -> dict[int, float]:
     t1 = t.get(1)
     return {n: (t1 / v if t1 and v else float("nan")) for n, v in t.items()}
@@ -123,24 +100,27 @@ def amdahl_fit(s: dict[Any, float]) -> tuple[float | None, str | None]:
     return p, None
 
 
-def measure(args: Any, out: Path, log: Any = print) -> dict[str, Any]:
-    """Every (strategy, N) run; returns the raw rows."""
-    common = ["--model", args.model, "--seq-len", str(args.seq_len), "--global-batch",
-              str(args.global_batch), "--steps", str(args.steps), "--warmup", "1",
+def measure(out: Path, *, model: str, seq_len: int, global_batch: int, steps: int,
+            workers: list[int], strategies: list[str], hardware: str | None,
+            run_timeout: float, log: Any = print) -> dict[str, Any]:
+    """Every (strategy, N) run of ``model``; returns the raw rows."""
+    common = ["--model", model, "--seq-len", str(seq_len), "--global-batch",
+              str(global_batch), "--steps", str(steps), "--warmup", "1",
               "--profile-steps", "1", "--memory-step", "2", "--timeout", "120"]
-    if args.hardware:
-        common += ["--hardware", args.hardware]
+    if hardware:
+        common += ["--hardware", hardware]
     rows: list[dict[str, Any]] = []
     done: dict[tuple, dict] = {}
-    for n in args.workers:
-        for strat in args.strategies:
+    for n in workers:
+        for strat in strategies:
             lay = layout(strat, n)
             key = (lay.dp, lay.tp, lay.pp, lay.zero)
             if key not in done:
                 name = f"n{n}-dp{lay.dp}-tp{lay.tp}-pp{lay.pp}-z{lay.zero}"
                 t0 = time.perf_counter()
-                done[key] = run_one(out / "runs" / name, common, train_flags(lay, args.global_batch),
-                                    args.run_timeout)
+                done[key] = train_subprocess(out / "runs" / name,
+                                             [*common, *train_flags(lay, global_batch)],
+                                             run_timeout)
                 s = done[key]
                 msg = s.get("error") or f"{s['measured']['step_time_s'] * 1e3:.0f} ms/step"
                 log(f"ptd bench: {name}: {msg} ({time.perf_counter() - t0:.0f} s)")

@@ -83,7 +83,9 @@ def run(a: argparse.Namespace) -> int:
     from ..runtime.calibrate.first_run import ensure_profile
     ensure_profile(a.hardware)  # the runs' predictions use this machine's numbers
     t0 = time.perf_counter()
-    data = S.measure(a, out)
+    data = S.measure(out, model=a.model, seq_len=a.seq_len, global_batch=a.global_batch,
+                     steps=a.steps, workers=a.workers, strategies=a.strategies,
+                     hardware=a.hardware, run_timeout=a.run_timeout)
     res = S.tables(data, a.strategies, a.workers)
     cl = S.cluster_tables(a.cluster_model, a.cluster_hardware, a.cluster_gpus, a.cluster_seq_len,
                           a.cluster_global_batch, a.strategies)

@@ -73,7 +73,7 @@ def run_all(cands: list[Candidate], out: Path, *, hardware: str, steps: int, rep
             timeout: float, options: CostOptions = CostOptions(),
             log: Callable[[str], Any] = print) -> float:
     """Export and run every candidate ``repeats`` times, interleaved; returns the wall time."""
-    from ..bench.scaling import run_one
+    from ..trainrun import train_subprocess
     t_start = time.perf_counter()
     (out / "plans").mkdir(parents=True, exist_ok=True)
     paths = []
@@ -88,7 +88,7 @@ def run_all(cands: list[Candidate], out: Path, *, hardware: str, steps: int, rep
         for c, path in zip(cands, paths):
             run_dir = out / "runs" / f"plan{c.rank:04d}-r{r + 1}"
             t0 = time.perf_counter()
-            s = run_one(run_dir, ["--config", str(path), *common], [], timeout)
+            s = train_subprocess(run_dir, ["--config", str(path), *common], timeout)
             done += 1
             if "error" in s:
                 c.errors.append(s["error"])

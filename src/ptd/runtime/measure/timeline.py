@@ -167,7 +167,26 @@ def analyse_step(spans: Sequence[Span], main_thread: int, step: tuple[float, flo
     """Break the step interval ``step`` (µs) down from ``spans`` (see the module docstring).
     Returned values are in seconds."""
     s0, s1 = step
-    pts: list[tuple[float, int, str]] = []  # (time, +1/-1, key)
+    pts, comm_spans = _boundaries(spans, main_thread, s0, s1)
+    parts: dict[str, float] = {}
+    by_phase: dict[str, dict[str, float]] = {}
+    for st, dt in _time_in_sets(pts, s0, s1).items():
+        _credit(st, dt, parts, by_phase)
+    scale = 1e-6
+    totals = {k: _length(_union(v), s0, s1) * scale for k, v in comm_spans.items()}
+    return MeasuredStep(step=(s1 - s0) * scale,
+                        parts={k: v * scale for k, v in parts.items()},
+                        comm_total=totals,
+                        comm_exposed_by_phase={p: {k: v * scale for k, v in d.items()}
+                                               for p, d in by_phase.items()})
+
+
+def _boundaries(spans: Sequence[Span], main_thread: int, s0: float, s1: float
+                ) -> tuple[list[tuple[float, int, str]], dict[str, list[tuple[float, float]]]]:
+    """Sorted (time, +1/-1, key) boundaries of the spans that count, clipped to the step,
+    and the intervals of each background collective kind."""
+    pts: list[tuple[float, int, str]] = []
+    comm_spans: dict[str, list[tuple[float, float]]] = {}
 
     def add(a: float, b: float, key: str) -> None:
         a, b = max(a, s0), min(b, s1)
@@ -175,7 +194,6 @@ def analyse_step(spans: Sequence[Span], main_thread: int, step: tuple[float, flo
             pts.append((a, 1, key))
             pts.append((b, -1, key))
 
-    comm_spans: dict[str, list[tuple[float, float]]] = {}
     for sp in spans:
         if sp.end <= s0 or sp.start >= s1:
             continue
@@ -191,10 +209,14 @@ def analyse_step(spans: Sequence[Span], main_thread: int, step: tuple[float, flo
         elif key:
             add(sp.start, sp.end, key)
     pts.sort(key=lambda p: (p[0], -p[1]))
+    return pts, comm_spans
 
-    # Sweep the boundaries once, adding up the time spent in each set of open span keys;
-    # then credit each distinct set once (the credit rule is linear in time). A profile of
-    # three steps has ~70,000 boundaries but only a few hundred distinct sets.
+
+def _time_in_sets(pts: list[tuple[float, int, str]], s0: float, s1: float
+                  ) -> dict[frozenset[str], float]:
+    """Time spent in each set of open span keys. The boundaries are swept once and each
+    distinct set credited once later (the credit rule is linear in time): a profile of three
+    steps has ~70,000 boundaries but only a few hundred distinct sets."""
     count: dict[str, int] = {}
     open_keys: set[str] = set()
     time_in: dict[frozenset[str], float] = {}
@@ -213,55 +235,46 @@ def analyse_step(spans: Sequence[Span], main_thread: int, step: tuple[float, flo
     if s1 > prev:
         st = frozenset(open_keys)
         time_in[st] = time_in.get(st, 0.0) + (s1 - prev)
+    return time_in
 
-    parts: dict[str, float] = {}
-    by_phase: dict[str, dict[str, float]] = {}
 
-    def phase(st: frozenset[str]) -> str | None:
-        if "blk" in st and ("ph:backward" in st or "ph:backward_w" in st):
-            return "recompute"
-        for ph in PHASES[1:]:
-            if "ph:" + ph in st:
-                return ph
-        return None
+def _phase(st: frozenset[str]) -> str | None:
+    if "blk" in st and ("ph:backward" in st or "ph:backward_w" in st):
+        return "recompute"
+    for ph in PHASES[1:]:
+        if "ph:" + ph in st:
+            return ph
+    return None
 
-    def credit(st: frozenset[str], dt: float) -> None:
-        ph = phase(st)
-        main_comm = sorted(k[3:] for k in st if k.startswith("mc:"))
-        bg = sorted(k[3:] for k in st if k.startswith("bg:"))
-        if main_comm:
-            kinds = main_comm if main_comm != ["wait"] or not bg else bg
-        elif "op" in st:
-            kinds = []
-        else:
-            kinds = bg
-        if kinds and set(kinds) <= {"send", "recv"} and "ph:schedule" in st and not main_comm:
-            # On gloo a point-to-point transfer lasts until the peer has posted its side:
-            # with nothing else to run, this stage waits for its neighbour.
-            parts["bubble"] = parts.get("bubble", 0.0) + dt
-            return
-        if kinds:
-            for k in kinds:
-                parts["comm:" + k] = parts.get("comm:" + k, 0.0) + dt / len(kinds)
-                d = by_phase.setdefault(ph or "other", {})
-                d[k] = d.get(k, 0.0) + dt / len(kinds)
-            return
-        if ph == "schedule" and "op" not in st:
-            parts["bubble"] = parts.get("bubble", 0.0) + dt
-            return
-        key = ph or "other"
-        parts[key] = parts.get(key, 0.0) + dt
 
-    for st, dt in time_in.items():
-        credit(st, dt)
-
-    scale = 1e-6
-    totals = {k: _length(_union(v), s0, s1) * scale for k, v in comm_spans.items()}
-    return MeasuredStep(step=(s1 - s0) * scale,
-                         parts={k: v * scale for k, v in parts.items()},
-                         comm_total=totals,
-                         comm_exposed_by_phase={p: {k: v * scale for k, v in d.items()}
-                                                for p, d in by_phase.items()})
+def _credit(st: frozenset[str], dt: float, parts: dict[str, float],
+            by_phase: dict[str, dict[str, float]]) -> None:
+    """Add ``dt`` spent with the keys ``st`` open to the part it belongs to."""
+    ph = _phase(st)
+    main_comm = sorted(k[3:] for k in st if k.startswith("mc:"))
+    bg = sorted(k[3:] for k in st if k.startswith("bg:"))
+    if main_comm:
+        kinds = main_comm if main_comm != ["wait"] or not bg else bg
+    elif "op" in st:
+        kinds = []
+    else:
+        kinds = bg
+    if kinds and set(kinds) <= {"send", "recv"} and "ph:schedule" in st and not main_comm:
+        # On gloo a point-to-point transfer lasts until the peer has posted its side:
+        # with nothing else to run, this stage waits for its neighbour.
+        parts["bubble"] = parts.get("bubble", 0.0) + dt
+        return
+    if kinds:
+        for k in kinds:
+            parts["comm:" + k] = parts.get("comm:" + k, 0.0) + dt / len(kinds)
+            d = by_phase.setdefault(ph or "other", {})
+            d[k] = d.get(k, 0.0) + dt / len(kinds)
+        return
+    if ph == "schedule" and "op" not in st:
+        parts["bubble"] = parts.get("bubble", 0.0) + dt
+        return
+    key = ph or "other"
+    parts[key] = parts.get(key, 0.0) + dt
 
 
 def mean_breakdown(steps: Sequence[MeasuredStep]) -> MeasuredStep:

@@ -119,7 +119,7 @@ def run(a: argparse.Namespace) -> int:
     print(f"ptd calibrate: {info['device']} ({info['name']}), workers {workers}, dtypes {dtypes}"
           f"{', quick' if a.quick else ''}; {len(labels)} stages", file=sys.stderr)
     with _Progress(len(labels)) as tick:
-        result = calibrate(workers, dtypes, a.quick, base, a.name, info, tick, shapes)
+        result = calibrate(workers, dtypes, a.quick, base, a.name, info, tick, model_shapes=shapes)
     from ..runtime.calibrate import write_profile
     write_profile(result, out)
     if a.out is None and a.name == "calibrated" and info["device"] == "cpu":

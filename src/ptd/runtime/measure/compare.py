@@ -134,114 +134,117 @@ def build_report(cfg: Any, ranks: Sequence[dict[str, Any]], clean_steps: Sequenc
     plan, model = cfg.plan, cfg.model
     hw, hw_src = resolve_hardware(cfg.hardware, str(summary.get("device", "cpu")).split(":")[0])
     est = predict(model, plan, hw)
-    n = plan.world_size
-    r0 = ranks[0]
-    times = r0["step_times"]
+    times = ranks[0]["step_times"]
     clean = [times[s] for s in clean_steps if s in times] or list(times.values())
     step_s = sum(clean) / len(clean)
-    tokens_per_s = plan.tokens_per_step / step_s
     fl = flops_per_token(model, plan.seq_len, plan.recompute)
     peak = hw.peak(plan.dtype)
+    measured = {**_rates(plan, fl, peak, step_s, plan.tokens_per_step / step_s,
+                         plan.global_batch / step_s),
+                "clean_steps": list(clean_steps)}
+    predicted = _rates(plan, fl, peak, est.step.total, est.tokens_per_s, est.samples_per_s)
+    predicted["mfu"], predicted["hfu"] = est.mfu, est.hfu  # the estimate's own
+    per_rank = [_rank_row(r, model, plan, hw) for r in ranks]
+    measured.update(_measured_breakdown(per_rank, plan))
+    predicted["breakdown"] = {k: getattr(est.step, k) for k in STEP_PARTS}
+    predicted["breakdown"]["dp_comm_total"] = est.step.dp_comm_total
+    _memory(per_rank, measured, predicted)
+    return {"measured": measured, "predicted": predicted,
+            "ratio": _ratios(measured, predicted), "per_rank": per_rank,
+            "prediction": {"hardware": hw.name, "hardware_source": hw_src,
+                           "peak_flops": peak, "flops_per_token": {"model": fl.model,
+                                                                   "hardware": fl.hardware},
+                           "estimate": est.to_json()}}
 
-    measured: dict[str, Any] = {
-        "step_time_s": step_s,
-        "tokens_per_s": tokens_per_s,
-        "tokens_per_s_per_device": tokens_per_s / n,
-        "samples_per_s": plan.global_batch / step_s,
-        "samples_per_s_per_device": plan.global_batch / step_s / n,
-        "tflops_per_device": fl.model * tokens_per_s / n / 1e12,
-        "hardware_tflops_per_device": fl.hardware * tokens_per_s / n / 1e12,
-        "mfu": M.mfu(fl.model, tokens_per_s, peak, n),
-        "hfu": M.hfu(fl.hardware, tokens_per_s, peak, n),
-        "clean_steps": list(clean_steps),
-    }
-    predicted: dict[str, Any] = {
-        "step_time_s": est.step.total,
-        "tokens_per_s": est.tokens_per_s,
-        "tokens_per_s_per_device": est.tokens_per_s / n,
-        "samples_per_s": est.samples_per_s,
-        "samples_per_s_per_device": est.samples_per_s / n,
-        "tflops_per_device": fl.model * est.tokens_per_s / n / 1e12,
-        "hardware_tflops_per_device": fl.hardware * est.tokens_per_s / n / 1e12,
-        "mfu": est.mfu,
-        "hfu": est.hfu,
-    }
 
-    # --- breakdown: every rank, then the critical one in the cost model's terms
-    per_rank = []
-    for r in ranks:
-        c = r["coords"]
-        pm = predicted_rank_memory(model, plan, c["pp"], c["dp"], hw)
-        row: dict[str, Any] = {"rank": r["rank"], "coords": c, "memory": r["memory"],
-                               "predicted_memory": pm}
-        b = r["breakdown"]
-        if b is not None:
-            row["breakdown"] = b
-            row["cost_view"] = cost_view(b["parts"], b["comm_exposed_by_phase"], plan)
-        if r.get("timeline"):
-            row["timeline"] = r["timeline"]  # (label, start ms, end ms) of the last profiled step
-        per_rank.append(row)
+def _rates(plan: Any, fl: Any, peak: float, step_s: float, tokens_per_s: float,
+           samples_per_s: float) -> dict[str, Any]:
+    """Throughput, FLOP rates, MFU and HFU of a step time, whole job and per device."""
+    n = plan.world_size
+    return {"step_time_s": step_s,
+            "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_device": tokens_per_s / n,
+            "samples_per_s": samples_per_s,
+            "samples_per_s_per_device": samples_per_s / n,
+            "tflops_per_device": fl.model * tokens_per_s / n / 1e12,
+            "hardware_tflops_per_device": fl.hardware * tokens_per_s / n / 1e12,
+            "mfu": M.mfu(fl.model, tokens_per_s, peak, n),
+            "hfu": M.hfu(fl.hardware, tokens_per_s, peak, n)}
+
+
+def _rank_row(r: dict[str, Any], model: Any, plan: Any, hw: Any) -> dict[str, Any]:
+    """One rank's memory beside its prediction, its breakdown in the cost model's terms."""
+    c = r["coords"]
+    row: dict[str, Any] = {"rank": r["rank"], "coords": c, "memory": r["memory"],
+                           "predicted_memory": predicted_rank_memory(model, plan, c["pp"],
+                                                                     c["dp"], hw)}
+    b = r["breakdown"]
+    if b is not None:
+        row["breakdown"] = b
+        row["cost_view"] = cost_view(b["parts"], b["comm_exposed_by_phase"], plan)
+    if r.get("timeline"):
+        row["timeline"] = r["timeline"]  # (label, start ms, end ms) of the last profiled step
+    return row
+
+
+def _measured_breakdown(per_rank: list[dict[str, Any]], plan: Any) -> dict[str, Any]:
+    """The critical rank's (most compute) breakdown, and every stage's bubble with pp."""
     with_b = [r for r in per_rank if "cost_view" in r]
-    if with_b:
-        crit = max(with_b, key=lambda r: r["cost_view"]["compute"])
-        cv = crit["cost_view"]
-        prof_step = crit["breakdown"]["step"]
-        measured["breakdown_rank"] = crit["rank"]
-        measured["profiled_step_time_s"] = prof_step
-        measured["breakdown"] = {k: cv[k] for k in (*STEP_PARTS, "data", "other")}
-        measured["breakdown_parts"] = crit["breakdown"]["parts"]
-        measured["breakdown_sum_s"] = sum(v for k, v in cv.items()
-                                          if k not in ("forward", "backward", "recompute"))
-        measured["comm_total_s"] = crit["breakdown"]["comm_total"]
-        measured["comm_exposed_s"] = {k[5:]: v for k, v in crit["breakdown"]["parts"].items()
-                                      if k.startswith("comm:")}
-        if plan.pp > 1:
-            measured["bubble_per_rank_s"] = {str(r["rank"]): r["cost_view"]["bubble"]
-                                             for r in with_b}
-    st = est.step
-    predicted["breakdown"] = {k: getattr(st, k) for k in STEP_PARTS}
-    predicted["breakdown"]["dp_comm_total"] = st.dp_comm_total
+    if not with_b:
+        return {}
+    crit = max(with_b, key=lambda r: r["cost_view"]["compute"])
+    cv, b = crit["cost_view"], crit["breakdown"]
+    out: dict[str, Any] = {
+        "breakdown_rank": crit["rank"],
+        "profiled_step_time_s": b["step"],
+        "breakdown": {k: cv[k] for k in (*STEP_PARTS, "data", "other")},
+        "breakdown_parts": b["parts"],
+        "breakdown_sum_s": sum(v for k, v in cv.items()
+                               if k not in ("forward", "backward", "recompute")),
+        "comm_total_s": b["comm_total"],
+        "comm_exposed_s": {k[5:]: v for k, v in b["parts"].items() if k.startswith("comm:")}}
+    if plan.pp > 1:
+        out["bubble_per_rank_s"] = {str(r["rank"]): r["cost_view"]["bubble"] for r in with_b}
+    return out
 
-    # --- memory: max over ranks (the cost model's "most loaded device"), and per rank
-    mem_rows = [r for r in per_rank if r["memory"].get("model_states")]
-    if mem_rows:
-        def mx(get: Any) -> float:
-            return max(get(r) for r in mem_rows)
-        measured["memory"] = {
-            "params": mx(lambda r: r["memory"]["model_states"]["params"]),
-            "grads": mx(lambda r: r["memory"]["model_states"]["grads"]),
-            "optimizer": mx(lambda r: r["memory"]["model_states"]["optimizer"]),
-            "model_states": mx(lambda r: r["memory"]["model_states"]["total"]),
-            "optimizer_step_counters": mx(lambda r: r["memory"]["model_states"]["optimizer_step_counters"]),
-            "activations": mx(lambda r: r["memory"].get("activations", 0)),
-        }
-        predicted["memory"] = {
-            "params": mx(lambda r: r["predicted_memory"]["params"]),
-            "grads": mx(lambda r: r["predicted_memory"]["grads"]),
-            "optimizer": mx(lambda r: r["predicted_memory"]["optimizer"]),
-            "model_states": mx(lambda r: r["predicted_memory"]["total"]),
-            "activations": mx(lambda r: r["predicted_memory"]["activations"]),
-        }
-        measured["memory"]["model_states_equal_per_rank"] = all(
-            r["memory"]["model_states"][k] == r["predicted_memory"][k]
-            for r in mem_rows for k in ("params", "grads", "optimizer"))
 
-    ratio: dict[str, Any] = {}
-    for k in ("step_time_s", "tokens_per_s", "tokens_per_s_per_device", "samples_per_s",
-              "tflops_per_device", "mfu", "hfu"):
-        ratio[k] = _ratio(measured.get(k), predicted.get(k))
+def _memory(per_rank: list[dict[str, Any]], measured: dict[str, Any],
+            predicted: dict[str, Any]) -> None:
+    """Memory, the max over ranks (the cost model's "most loaded device"), measured and
+    predicted; and whether every rank's model states equal their prediction."""
+    rows = [r for r in per_rank if r["memory"].get("model_states")]
+    if not rows:
+        return
+
+    def mx(get: Any) -> float:
+        return max(get(r) for r in rows)
+    states = ("params", "grads", "optimizer")
+    measured["memory"] = {
+        **{k: mx(lambda r, k=k: r["memory"]["model_states"][k]) for k in states},
+        "model_states": mx(lambda r: r["memory"]["model_states"]["total"]),
+        "optimizer_step_counters": mx(lambda r: r["memory"]["model_states"]["optimizer_step_counters"]),
+        "activations": mx(lambda r: r["memory"].get("activations", 0))}
+    predicted["memory"] = {
+        **{k: mx(lambda r, k=k: r["predicted_memory"][k]) for k in states},
+        "model_states": mx(lambda r: r["predicted_memory"]["total"]),
+        "activations": mx(lambda r: r["predicted_memory"]["activations"])}
+    measured["memory"]["model_states_equal_per_rank"] = all(
+        r["memory"]["model_states"][k] == r["predicted_memory"][k] for r in rows for k in states)
+
+
+def _ratios(measured: dict[str, Any], predicted: dict[str, Any]) -> dict[str, Any]:
+    """measured / predicted for every headline figure, breakdown part and memory part."""
+    ratio: dict[str, Any] = {
+        k: _ratio(measured.get(k), predicted.get(k))
+        for k in ("step_time_s", "tokens_per_s", "tokens_per_s_per_device", "samples_per_s",
+                  "tflops_per_device", "mfu", "hfu")}
     if "breakdown" in measured:
         ratio["breakdown"] = {k: _ratio(measured["breakdown"][k], predicted["breakdown"][k])
                               for k in STEP_PARTS}
     if "memory" in measured:
         ratio["memory"] = {k: _ratio(measured["memory"][k], predicted["memory"][k])
                            for k in predicted["memory"]}
-    return {"measured": measured, "predicted": predicted, "ratio": ratio,
-            "per_rank": per_rank,
-            "prediction": {"hardware": hw.name, "hardware_source": hw_src,
-                           "peak_flops": peak, "flops_per_token": {"model": fl.model,
-                                                                   "hardware": fl.hardware},
-                           "estimate": est.to_json()}}
+    return ratio
 
 
 def _f(x: Any, fmt: Any) -> str:

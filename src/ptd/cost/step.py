@@ -18,16 +18,19 @@ does not overlap them): two all-reduces of the block's activations forward and t
 backward (with sequence parallelism each becomes an all-gather plus a reduce-scatter, the
 same bytes), repeated by full recomputation.
 
-Data-parallel gradient reduction overlaps backward: DDP reduces buckets as gradients become
-ready (ZeRO-2 likewise, reducing each bucket to its owner), FSDP reduce-scatters each block's
-gradients while the previous block computes, and prefetches each block's parameters (ZeRO-3)
-one block ahead. Exposed is what does not fit behind the last micro-batch's backward, and
-never less than the last bucket or block.
-With ``dp_overlap=False`` (frameworks that reduce after backward) all of it is exposed.
+Data-parallel gradient reduction overlaps backward (:mod:`ptd.cost.dp`); communication
+hidden behind compute still takes multiprocessors from it (the ``overlap`` part).
+
+One function per dimension, as ``runtime/parallel/`` has one file per dimension:
+:func:`micro_batch` (compute and tensor parallel on the slowest pipeline rank),
+:func:`pipeline` (bubble and point-to-point), :func:`ptd.cost.dp.dp_terms` (data parallel and
+ZeRO), :func:`optimizer_time`, :func:`ptd.cost.context.cp_terms`, and expert parallelism
+(:mod:`ptd.cost.moe`); :func:`step_time` adds them up.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
@@ -39,13 +42,11 @@ from ..specs.plan import ParallelPlan
 from . import compute as C
 from . import moe as MOE
 from . import context as CX
+from . import dp as DP
 from . import params as P
-from .memory import ZERO2_BUCKET_BYTES
 from .comm import collective_time
 from .memo import memo
-from .ps import dp_ps_time
 
-DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,24 @@ def shared_rate_ratio(cluster: ClusterSpec, dtype: str, busy: float) -> float:
     return min(1.0, cluster.gemm_rate(dtype) / r_busy)
 
 
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch through the slowest pipeline rank: seconds of forward ``f``,
+    backward ``b`` and recompute ``rc`` (compute), tensor-parallel collectives forward ``tf``
+    and backward ``tb``; the rank's block count ``nl``; one block's times ``blk``; the tp
+    activation all-reduce ``ar`` and the calibrated wait each blocking collective adds."""
+
+    f: float
+    b: float
+    rc: float
+    tf: float
+    tb: float
+    nl: int
+    blk: C.BlockTime
+    ar: float
+    wait: float
+
+
 def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
               attention: str = "flash", dp_overlap: bool = True,
               recompute_early_stop: bool = True, tp_grad_per_linear: bool = True,
@@ -137,35 +156,50 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     each column-parallel layer's input gradient on its own (PyTorch DTensor, ptd's runtime:
     wq, wk, wv, w1 and w3 each); False sums them first and all-reduces twice per block
     (Megatron-LM's fused QKV and MLP input)."""
+    m = plan.n_microbatches
+    mbt = micro_batch(model, plan, cluster, attention, recompute_early_stop, tp_grad_per_linear)
+    cpt = CX.cp_terms(model, plan, cluster, mbt.nl)  # context parallel: whole-sequence attention
+    mbt = dataclasses.replace(mbt, f=mbt.f + cpt.attn_forward, b=mbt.b + cpt.attn_backward)
+    bubble, pp_comm = pipeline(model, plan, cluster, mbt, cpt.comm_exposed)
+    dp = DP.dp_terms(model, plan, cluster, mbt, _group(plan, cluster, "dp"), _coll,
+                     dp_overlap, recompute_early_stop, ps_servers)
+    optimizer, tp_step = optimizer_time(model, plan, cluster, mbt)
+    compute = m * (mbt.f + mbt.b + mbt.rc)
+    tp_comm = m * (mbt.tf + mbt.tb) + tp_step
+    ep_comm = _ep_time(model, plan, cluster, mbt.nl, cluster.gemm_rate(plan.dtype), moe_imbalance)
+    # hidden communication is not free: it slows the computation it hides behind
+    hidden = max(0.0, dp.total - dp.exposed) if dp_overlap else 0.0
+    hidden += m * max(0.0, cpt.comm_total - cpt.comm_exposed)
+    overlap = hidden * _overlap_loss(model, cluster.hardware, CX.local_seq(plan), plan.micro_batch,
+                                     plan.tp, plan.dtype, cluster.gemm_rate(plan.dtype),
+                                     cluster.memory_bandwidth, mbt.blk)
+    total = (compute + tp_comm + pp_comm + bubble + dp.exposed + optimizer + dp.opt_comm
+             + ep_comm + m * cpt.comm_exposed + overlap)
+    return StepBreakdown(total=total, compute=compute, tp_comm=tp_comm, pp_comm=pp_comm,
+                         dp_comm_exposed=dp.exposed, bubble=bubble,
+                         optimizer=optimizer + dp.opt_comm, forward=m * mbt.f,
+                         backward=m * mbt.b, recompute=m * mbt.rc, dp_comm_total=dp.total,
+                         ep_comm=ep_comm, cp_comm=m * cpt.comm_exposed,
+                         cp_comm_total=m * cpt.comm_total, overlap=overlap)
+
+
+def micro_batch(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, attention: str,
+                recompute_early_stop: bool, tp_grad_per_linear: bool) -> MicroBatch:
+    """Compute and tensor-parallel time of one micro-batch on the slowest pipeline rank."""
     hw = cluster.hardware
     ab = DTYPE_BYTES[plan.dtype]
     rate = cluster.gemm_rate(plan.dtype)
-    s, mb, m = CX.local_seq(plan), plan.micro_batch, plan.n_microbatches  # s: this rank's tokens
+    s, mb = CX.local_seq(plan), plan.micro_batch  # s: this rank's tokens of a sequence
     tokens = s * mb
     bw, ovh = cluster.memory_bandwidth, cluster.op_overhead
     dt_ovh = (cluster.overhead("dtensor_op") or 0.0) if plan.tp > 1 else 0.0
     blk = _block_time(model, hw, s, mb, plan.tp, plan.sp, plan.dtype, rate, attention, bw,
-                ovh, dt_ovh)
+                      ovh, dt_ovh)
     out_f, out_b = _output_time(model, hw, tokens, plan.tp, plan.dtype, rate, bw, ovh,
-                         dt_ovh, plan.sp)
-
-    # tensor-parallel collectives, per block and per micro-batch: alpha-beta times and counts
-    tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")
-    act = ab * tokens * model.hidden
-    ar = _coll("all_reduce", act, tp_n, hw, tp_nodes, tp_per)
-    if tp_grad_per_linear and not plan.sp:
-        col = 3 + (2 if model.mlp == "swiglu" else 1)  # wq, wk, wv; w1 (and w3)
-    else:
-        col = 2
-    n_block_f, n_block_b = 2, col + (2 if plan.recompute == "full" else 0)
-    # vocabulary-parallel embedding output (first rank); on the last rank the sequence-
-    # parallel gather before the output layer, loss_parallel's cross-entropy (max, sum of
-    # exponentials, target logit: fp32 per token) and the output layer's input gradient
-    loss_ar = _coll("all_reduce", 4 * tokens, tp_n, hw, tp_nodes, tp_per)
-    n_out_f = (1 if plan.sp else 0) + 3
-    tp_out_f = (ar if plan.sp else 0.0) + 3 * loss_ar
-
-    # per pipeline rank: compute and tp time of one micro-batch through all its chunks
+                                dt_ovh, plan.sp)
+    ar, n_block_f, n_block_b, n_out_f, tp_out_f = _tp_collectives(
+        model, plan, cluster, tokens, tp_grad_per_linear)
+    tp_n = plan.tp
     first, last = stage_to_rank(0, plan), stage_to_rank(plan.n_stages - 1, plan)
     worst = None
     layers = P.layers_per_rank(model, plan)
@@ -184,126 +218,88 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
         tf = nl * n_block_f * ar + (ar if r == first else 0.0) \
             + (tp_out_f if r == last else 0.0) + n_f * wait
         tb = nl * n_block_b * ar + (ar if r == last else 0.0) + n_b * wait
-        key = f + b + rc + tf + tb
-        if worst is None or key > worst[0]:
-            worst = (key, f, b, rc, tf, tb, nl, wait)
-    _, f, b, rc, tf, tb, nl, wait = worst  # type: ignore[misc]
-    cpt = CX.cp_terms(model, plan, cluster, nl)  # context parallel: whole-sequence attention, K/V
-    f, b = f + cpt.attn_forward, b + cpt.attn_backward
-    per_mb = f + b + rc + tf + tb + cpt.comm_exposed
+        cand = MicroBatch(f, b, rc, tf, tb, nl, blk, ar, wait)
+        if worst is None or f + b + rc + tf + tb > worst.f + worst.b + worst.rc + worst.tf + worst.tb:
+            worst = cand
+    return worst  # type: ignore[return-value]
 
-    p, v = plan.pp, plan.stages_per_rank
-    if p > 1:
-        if plan.schedule == "zero-bubble" and m >= 2 * p:
-            fill = 0.0
-        elif plan.schedule == "zero-bubble":
-            fill = (p - 1) / (2 * v)
-        else:
-            fill = (p - 1) / v
-        bubble = fill * per_mb
-        # Workers that share compute units (a CPU with more workers than cores) lend their
-        # share to the busy ones while they wait: on average only m / (m + fill) of the
-        # node's workers compute, each at the processor-sharing rate for that many.
-        k = shared_rate_ratio(cluster, plan.dtype, cluster.workers_per_node * m / (m + fill))
-        if k < 1.0:
-            c_mb = f + b + rc
-            bubble = max(0.0, (m + fill) * c_mb * k - m * c_mb) + fill * (tf + tb)
-        # Each receive the schedule waits on follows a chunk of computation, so where the
-        # calibrated blocking wait applies (shared cores; 0 on GPUs) the stage waits beyond
-        # the transfer, as tensor parallelism's collectives do. Per micro-batch and chunk a
-        # rank receives an activation and a gradient, less the direction its first or last
-        # stage lacks; the measurement counts that wait as bubble (waiting for a neighbour).
-        bubble += m * (2 * v - 1) * cluster.blocking_wait((f + b + rc) / (2 * v))
-        pp_n, pp_nodes, _ = _group(plan, cluster, "pp")
-        p2p_bytes = act / (plan.tp if plan.sp else 1)
-        t_p2p = _coll("send_recv", p2p_bytes, 2, hw, 2 if pp_nodes > 1 else 1)
-        pp_comm = 2 * (m * v + p - 1) * t_p2p
+
+def _tp_collectives(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, tokens: int,
+                    tp_grad_per_linear: bool) -> tuple[float, int, int, int, float]:
+    """Tensor-parallel collectives of one micro-batch: the activation all-reduce's time,
+    how many a block runs forward and backward, and the output layer's forward count and
+    time (its backward adds one all-reduce)."""
+    hw = cluster.hardware
+    tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")
+    act = DTYPE_BYTES[plan.dtype] * tokens * model.hidden
+    ar = _coll("all_reduce", act, tp_n, hw, tp_nodes, tp_per)
+    if tp_grad_per_linear and not plan.sp:
+        col = 3 + (2 if model.mlp == "swiglu" else 1)  # wq, wk, wv; w1 (and w3)
     else:
-        bubble = pp_comm = 0.0
+        col = 2
+    n_block_f, n_block_b = 2, col + (2 if plan.recompute == "full" else 0)
+    # vocabulary-parallel embedding output (first rank); on the last rank the sequence-
+    # parallel gather before the output layer, loss_parallel's cross-entropy (max, sum of
+    # exponentials, target logit: fp32 per token) and the output layer's input gradient
+    loss_ar = _coll("all_reduce", 4 * tokens, tp_n, hw, tp_nodes, tp_per)
+    n_out_f = (1 if plan.sp else 0) + 3
+    tp_out_f = (ar if plan.sp else 0.0) + 3 * loss_ar
+    return ar, n_block_f, n_block_b, n_out_f, tp_out_f
 
-    # data parallel
-    dp_n, dp_nodes, dp_per = _group(plan, cluster, "dp")
+
+def pipeline(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: MicroBatch,
+             cp_exposed: float) -> tuple[float, float]:
+    """(bubble, point-to-point time) of the pipeline; (0, 0) without one."""
+    p, v, m = plan.pp, plan.stages_per_rank, plan.n_microbatches
+    if p <= 1:
+        return 0.0, 0.0
+    f, b, rc, tf, tb = mbt.f, mbt.b, mbt.rc, mbt.tf, mbt.tb
+    if plan.schedule == "zero-bubble" and m >= 2 * p:
+        fill = 0.0
+    elif plan.schedule == "zero-bubble":
+        fill = (p - 1) / (2 * v)
+    else:
+        fill = (p - 1) / v
+    bubble = fill * (f + b + rc + tf + tb + cp_exposed)
+    # Workers that share compute units (a CPU with more workers than cores) lend their
+    # share to the busy ones while they wait: on average only m / (m + fill) of the
+    # node's workers compute, each at the processor-sharing rate for that many.
+    k = shared_rate_ratio(cluster, plan.dtype, cluster.workers_per_node * m / (m + fill))
+    if k < 1.0:
+        c_mb = f + b + rc
+        bubble = max(0.0, (m + fill) * c_mb * k - m * c_mb) + fill * (tf + tb)
+    # Each receive the schedule waits on follows a chunk of computation, so where the
+    # calibrated blocking wait applies (shared cores; 0 on GPUs) the stage waits beyond
+    # the transfer, as tensor parallelism's collectives do. Per micro-batch and chunk a
+    # rank receives an activation and a gradient, less the direction its first or last
+    # stage lacks; the measurement counts that wait as bubble (waiting for a neighbour).
+    bubble += m * (2 * v - 1) * cluster.blocking_wait((f + b + rc) / (2 * v))
+    _, pp_nodes, _ = _group(plan, cluster, "pp")
+    act = DTYPE_BYTES[plan.dtype] * CX.local_seq(plan) * plan.micro_batch * model.hidden
+    p2p_bytes = act / (plan.tp if plan.sp else 1)
+    t_p2p = _coll("send_recv", p2p_bytes, 2, cluster.hardware, 2 if pp_nodes > 1 else 1)
+    return bubble, 2 * (m * v + p - 1) * t_p2p
+
+
+def optimizer_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: MicroBatch
+                   ) -> tuple[float, float]:
+    """(optimizer step over this rank's parameters, the once-a-step tp all-reduces of the
+    norms' partial gradients under sequence parallelism)."""
+    hw = cluster.hardware
     local = P.max_local_numel(model, plan)
-    block_params = P.block_numel(model, plan.tp)
-    grad_bytes = local * (2 if plan.grad_compression == "fp16" else 4)
-    # the last micro-batch's backward, which gradient reduction can hide behind
-    bwd_window = (b + rc + tb) if dp_overlap else 0.0
-    dp_total = dp_exposed = 0.0
-    opt_comm = 0.0
-    if dp_n > 1:
-        if plan.zero <= 1:
-            t_ar = (_coll("all_reduce", grad_bytes, dp_n, hw, dp_nodes, dp_per) if not ps_servers
-                    else dp_ps_time(grad_bytes, dp_n, ps_servers, hw))  # cost/ps.py
-            last_bucket = t_ar * min(1.0, DDP_BUCKET_BYTES / grad_bytes)
-            dp_total = t_ar
-            dp_exposed = max(last_bucket, t_ar - bwd_window)
-            if plan.zero == 1:  # ZeroRedundancyOptimizer broadcasts updated shards
-                opt_comm = _coll("all_gather", local * 4, dp_n, hw, dp_nodes, dp_per)
-        elif plan.zero == 2:
-            # runtime/parallel/zero2.py: gradients reduce-scattered to their owners in
-            # 25 MiB buckets (an all-reduce on gloo, which runs it faster), then ZeRO-1's
-            # broadcasts of the updated parameters. Without tp or pp the buckets leave from
-            # the gradient hooks and hide behind the last backward as DDP's do; with tp or
-            # pp a gradient may still change after its hook fires, so all of it waits for
-            # the end of the backward.
-            rs_kind = "all_reduce" if hw.kind == "cpu" else "reduce_scatter"
-            t_rs = _coll(rs_kind, grad_bytes, dp_n, hw, dp_nodes, dp_per)
-            dp_total = t_rs
-            if plan.tp == 1 and plan.pp == 1:
-                last_bucket = t_rs * min(1.0, ZERO2_BUCKET_BYTES / grad_bytes)
-                dp_exposed = max(last_bucket, t_rs - bwd_window)
-            else:
-                dp_exposed = t_rs
-            opt_comm = _coll("all_gather", local * 4, dp_n, hw, dp_nodes, dp_per)
-        else:
-            ag_block = _coll("all_gather", block_params * ab, dp_n, hw, dp_nodes, dp_per)
-            # on a CPU (gloo) ptd reduces FSDP's gradients with an all-reduce, which gloo runs
-            # faster than its reduce-scatter (runtime/parallel/fsdp.py, AllReduceScatter)
-            rs_kind = "all_reduce" if hw.kind == "cpu" else "reduce_scatter"
-            rs_block = _coll(rs_kind, block_params * 4, dp_n, hw, dp_nodes, dp_per)
-            gathers = 2 * m * nl  # ZeRO-3 gathers again for the backward
-            dp_total = gathers * ag_block + nl * rs_block
-            blk_f = blk.forward + 2 * (ar + wait)
-            blk_b = (blk.backward + blk.recompute(plan.recompute, recompute_early_stop)
-                     + 2 * (ar + wait))
-            if not dp_overlap:
-                blk_f = blk_b = 0.0
-            hidden_ag = max(0.0, ag_block - blk_f)  # prefetch one block ahead
-            exposed_ag = m * (ag_block + (nl - 1) * hidden_ag)
-            # Backward: while a block computes, the next block's gather and (on the last
-            # micro-batch) this block's reduce-scatter both cross the same links, so they
-            # hide behind its compute together, not each on its own.
-            exposed_b = (m - 1) * nl * max(0.0, ag_block - blk_b)
-            exposed_b += nl * max(0.0, ag_block + rs_block - blk_b) + rs_block
-            dp_exposed = exposed_ag + exposed_b
-
     opt_params = local / plan.dp if plan.zero >= 1 else local  # ZeRO shards over dp (not cp)
-    n_tensors = len(P.layer_params(model)) * nl + 4
+    n_tensors = len(P.layer_params(model)) * mbt.nl + 4
     dtensor_params = plan.tp > 1 or plan.zero >= 3
     per_tensor = cluster.overhead("optimizer_tensor_dtensor" if dtensor_params else "optimizer_tensor")
-    optimizer = C.optimizer_time(opt_params, n_tensors, hw, plan.offload, bw, ovh, per_tensor) + opt_comm
-    if plan.tp > 1 and plan.sp and plan.zero < 3:
-        # the norms' partial gradients, summed over tp once per step (one small all-reduce each)
-        n_norms = (2 * nl + 1) if model.norm == "rmsnorm" else (4 * nl + 2)
-        tp_step = n_norms * (_coll("all_reduce", 4 * model.hidden, tp_n, hw, tp_nodes, tp_per)
-                             + wait)
-    else:
-        tp_step = 0.0
-
-    compute = m * (f + b + rc)
-    tp_comm = m * (tf + tb) + tp_step
-    ep_comm = _ep_time(model, plan, cluster, nl, rate, moe_imbalance)
-    # hidden communication is not free: it slows the computation it hides behind
-    hidden = max(0.0, dp_total - dp_exposed) if dp_overlap else 0.0
-    hidden += m * max(0.0, cpt.comm_total - cpt.comm_exposed)
-    overlap = hidden * _overlap_loss(model, hw, s, mb, plan.tp, plan.dtype, rate, bw, blk)
-    total = (compute + tp_comm + pp_comm + bubble + dp_exposed + optimizer + ep_comm
-             + m * cpt.comm_exposed + overlap)
-    return StepBreakdown(total=total, compute=compute, tp_comm=tp_comm, pp_comm=pp_comm,
-                         dp_comm_exposed=dp_exposed, bubble=bubble, optimizer=optimizer,
-                         forward=m * f, backward=m * b, recompute=m * rc, dp_comm_total=dp_total,
-                         ep_comm=ep_comm, cp_comm=m * cpt.comm_exposed,
-                         cp_comm_total=m * cpt.comm_total, overlap=overlap)
+    optimizer = C.optimizer_time(opt_params, n_tensors, hw, plan.offload, cluster.memory_bandwidth,
+                                 cluster.op_overhead, per_tensor)
+    if not (plan.tp > 1 and plan.sp and plan.zero < 3):
+        return optimizer, 0.0
+    tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")
+    n_norms = (2 * mbt.nl + 1) if model.norm == "rmsnorm" else (4 * mbt.nl + 2)
+    tp_step = n_norms * (_coll("all_reduce", 4 * model.hidden, tp_n, hw, tp_nodes, tp_per)
+                         + mbt.wait)
+    return optimizer, tp_step
 
 
 def _ep_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, layers: int, rate: float,

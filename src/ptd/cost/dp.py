@@ -1,0 +1,99 @@
+"""Data-parallel communication of one step: gradient reduction, ZeRO's gathers, and what of
+it the backward pass hides (the step's docstring, :mod:`ptd.cost.step`, states the rules).
+
+DDP reduces buckets as gradients become ready (ZeRO-2 likewise, reducing each bucket to its
+owner); FSDP (ZeRO-3) reduce-scatters each block's gradients while the previous block
+computes and prefetches each block's parameters one block ahead. Exposed is what does not
+fit behind the last micro-batch's backward, and never less than the last bucket or block;
+with ``dp_overlap=False`` (frameworks that reduce after backward) all of it is exposed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..specs.hardware import DTYPE_BYTES, ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.plan import ParallelPlan
+from . import params as P
+from .memory import ZERO2_BUCKET_BYTES
+from .ps import dp_ps_time
+
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
+
+
+@dataclass(frozen=True)
+class DpTerms:
+    """Seconds per step: all data-parallel communication, the part not hidden, and the
+    post-step parameter exchange of ZeRO-1/2 (priced with the optimizer)."""
+
+    total: float = 0.0
+    exposed: float = 0.0
+    opt_comm: float = 0.0
+
+
+def dp_terms(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
+             group: tuple[int, int, int], coll: Callable[..., float], dp_overlap: bool,
+             recompute_early_stop: bool, ps_servers: int = 0) -> DpTerms:
+    """``mbt``: the slowest rank's micro-batch (:class:`ptd.cost.step.MicroBatch`);
+    ``group``: (size, nodes, per node) of the gradient group; ``coll``: the collective
+    pricing (``collective_time``'s arguments)."""
+    dp_n, dp_nodes, dp_per = group
+    if dp_n <= 1:
+        return DpTerms()
+    hw = cluster.hardware
+    local = P.max_local_numel(model, plan)
+    grad_bytes = local * (2 if plan.grad_compression == "fp16" else 4)
+    # the last micro-batch's backward, which gradient reduction can hide behind
+    window = (mbt.b + mbt.rc + mbt.tb) if dp_overlap else 0.0
+    if plan.zero <= 1:
+        t_ar = (coll("all_reduce", grad_bytes, dp_n, hw, dp_nodes, dp_per) if not ps_servers
+                else dp_ps_time(grad_bytes, dp_n, ps_servers, hw))  # cost/ps.py
+        last_bucket = t_ar * min(1.0, DDP_BUCKET_BYTES / grad_bytes)
+        # ZeroRedundancyOptimizer broadcasts the updated shards
+        opt = coll("all_gather", local * 4, dp_n, hw, dp_nodes, dp_per) if plan.zero == 1 else 0.0
+        return DpTerms(t_ar, max(last_bucket, t_ar - window), opt)
+    if plan.zero == 2:
+        # runtime/parallel/zero2.py: gradients reduce-scattered to their owners in 25 MiB
+        # buckets (an all-reduce on gloo, which runs it faster), then ZeRO-1's broadcasts of
+        # the updated parameters. Without tp or pp the buckets leave from the gradient hooks
+        # and hide behind the last backward as DDP's do; with tp or pp a gradient may still
+        # change after its hook fires, so all of it waits for the end of the backward.
+        rs_kind = "all_reduce" if hw.kind == "cpu" else "reduce_scatter"
+        t_rs = coll(rs_kind, grad_bytes, dp_n, hw, dp_nodes, dp_per)
+        if plan.tp == 1 and plan.pp == 1:
+            exposed = max(t_rs * min(1.0, ZERO2_BUCKET_BYTES / grad_bytes), t_rs - window)
+        else:
+            exposed = t_rs
+        return DpTerms(t_rs, exposed, coll("all_gather", local * 4, dp_n, hw, dp_nodes, dp_per))
+    return _fsdp(model, plan, cluster, mbt, group, coll, dp_overlap, recompute_early_stop)
+
+
+def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
+          group: tuple[int, int, int], coll: Callable[..., float], dp_overlap: bool,
+          recompute_early_stop: bool) -> DpTerms:
+    """ZeRO-3: per-block gathers (forward, and again for the backward) and reduce-scatters."""
+    dp_n, dp_nodes, dp_per = group
+    hw, m, nl, blk = cluster.hardware, plan.n_microbatches, mbt.nl, mbt.blk
+    block_params = P.block_numel(model, plan.tp)
+    ag_block = coll("all_gather", block_params * DTYPE_BYTES[plan.dtype], dp_n, hw, dp_nodes, dp_per)
+    # on a CPU (gloo) ptd reduces FSDP's gradients with an all-reduce, which gloo runs faster
+    # than its reduce-scatter (runtime/parallel/fsdp.py, AllReduceScatter)
+    rs_kind = "all_reduce" if hw.kind == "cpu" else "reduce_scatter"
+    rs_block = coll(rs_kind, block_params * 4, dp_n, hw, dp_nodes, dp_per)
+    total = 2 * m * nl * ag_block + nl * rs_block  # ZeRO-3 gathers again for the backward
+    if dp_overlap:
+        blk_f = blk.forward + 2 * (mbt.ar + mbt.wait)
+        blk_b = (blk.backward + blk.recompute(plan.recompute, recompute_early_stop)
+                 + 2 * (mbt.ar + mbt.wait))
+    else:
+        blk_f = blk_b = 0.0
+    hidden_ag = max(0.0, ag_block - blk_f)  # prefetch one block ahead
+    exposed = m * (ag_block + (nl - 1) * hidden_ag)
+    # Backward: while a block computes, the next block's gather and (on the last
+    # micro-batch) this block's reduce-scatter both cross the same links, so they hide
+    # behind its compute together, not each on its own.
+    exposed += (m - 1) * nl * max(0.0, ag_block - blk_b)
+    exposed += nl * max(0.0, ag_block + rs_block - blk_b) + rs_block
+    return DpTerms(total, exposed, 0.0)

@@ -79,6 +79,9 @@ _BOOL_FIELDS = ("sp", "offload", "uneven_stages")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
+ZEROS = [0, 1, 2, 3]
+
+
 def parse_fix(specs: Iterable[str]) -> dict[str, Any]:
     """``["tp=8,pp=16", "zero=1"]`` -> ``{"tp": 8, "pp": 16, "zero": 1}``, validated."""
     out: dict[str, Any] = {}
@@ -235,6 +238,49 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: i
     ``cp_values``: the context-parallel degrees to search (``fixed["cp"]`` overrides)."""
     t0 = time.perf_counter()
     fixed = dict(fixed or {})
+    _check_inputs(model, cluster, global_batch, seq_len, dtype, fixed, objective)
+    res = SearchResult(model, cluster, global_batch, seq_len, dtype, objective, tokens, options,
+                       fixed)
+    walk = _Walk(res, allow_tp_across_nodes, max_uneven_vpp, cp_values)
+    pricer = _Pricer(model, cluster, options, tokens, seq_len)
+    best_keys: dict[tuple[str, Any], tuple] = {}
+    keyed: list[tuple[tuple, Estimate]] = []
+    for plan, dims in walk.plans():
+        mem = pricer.memory(plan)
+        need = mem.total
+        if res.least_memory is None or need < res.least_memory[0]:
+            res.least_memory = (need, plan)
+        for kv in dims.items():
+            if need < res.least_memory_by.get(kv, float("inf")):
+                res.least_memory_by[kv] = need
+        if not mem.fits:
+            walk.reject(NO_FIT, 1, dims)
+            continue
+        try:  # the final word: the checks of the walk mirror it
+            plan.validate(model, cluster.n_devices)
+            runtime_refuses(model, plan)  # what ptd train refuses
+        except PtdError as err:
+            walk.reject(f"invalid: {err}", 1, dims)
+            continue
+        e = pricer.estimate(plan, mem)
+        k = objective_key(objective, e)
+        keyed.append((k, e))
+        for kv in dims.items():
+            cur = best_keys.get(kv)
+            if cur is None or k < cur:
+                best_keys[kv] = k
+                res.best_by[kv] = e
+    if res.layouts_considered == 0:
+        held = ", ".join(f"{k}={fixed[k]}" for k in ("dp", "tp", "pp") if k in fixed)
+        raise PtdError(f"no layout dp*tp*pp = {cluster.n_devices} has {held}")
+    keyed.sort(key=lambda ke: ke[0])
+    res.ranked = [e for _, e in keyed]
+    res.elapsed_s = time.perf_counter() - t0
+    return res
+
+
+def _check_inputs(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: int,
+                  dtype: str, fixed: Mapping[str, Any], objective: str) -> None:
     if objective not in OBJECTIVES:
         raise PtdError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if dtype not in TRAIN_DTYPES:
@@ -248,138 +294,122 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: i
         raise PtdError(f"cannot fix {', '.join(sorted(unknown))}; choose from {', '.join(FIX_FIELDS)}")
     cluster.hardware.peak(dtype)  # raises if the hardware has no peak for this dtype
 
-    res = SearchResult(model, cluster, global_batch, seq_len, dtype, objective, tokens, options,
-                       fixed)
-    pricer = _Pricer(model, cluster, options, tokens, seq_len)
-    n, node, L = cluster.n_devices, cluster.devices_per_node, model.n_layers
 
-    def opts(name: str, values: list) -> list:
-        return [fixed[name]] if name in fixed else values
+class _Walk:
+    """The candidate plans of a search, generated level by level (layout, schedule,
+    micro-batch, sequence parallelism, ZeRO, recompute and ep); a level that cannot work
+    rejects everything under it at once, with its reason and count, through :meth:`reject`."""
 
-    zeros = opts("zero", [0, 1, 2, 3])
-    rcs = opts("recompute", list(RECOMPUTE))
-    offload = fixed.get("offload", False)
-    compression = fixed.get("grad_compression", "none")
-    allow_uneven = fixed.get("uneven_stages", True)
+    def __init__(self, res: SearchResult, allow_tp_across_nodes: bool, max_uneven_vpp: int,
+                 cp_values: Sequence[int]) -> None:
+        self.res, self.fixed = res, res.fixed
+        self.allow_tp_across_nodes, self.max_uneven_vpp = allow_tp_across_nodes, max_uneven_vpp
+        self.cp_values = list(cp_values)
 
-    best_by, reasons_by, least_by = res.best_by, res.reasons_by, res.least_memory_by
-    best_keys: dict[tuple[str, Any], tuple] = {}
-    keyed: list[tuple[tuple, Estimate]] = []
-    obj = objective
+    def opts(self, name: str, values: list) -> list:
+        return [self.fixed[name]] if name in self.fixed else values
 
-    def note(reason: str, count: int, dims: dict[str, Any]) -> None:
+    def reject(self, reason: str, count: int, dims: dict[str, Any], layout: bool = False) -> None:
+        """``count`` plans (or one layout) with ``dims`` removed for ``reason``."""
+        (self.res.layouts_rejected if layout else self.res.plans_rejected)[reason] += count
         for kv in dims.items():
-            c = reasons_by.get(kv)
+            c = self.res.reasons_by.get(kv)
             if c is None:
-                c = reasons_by[kv] = Counter()
+                c = self.res.reasons_by[kv] = Counter()
             c[reason] += count
 
-    for cp, tp in _cp_tp(opts("cp", list(cp_values)), lambda k: opts("tp", _divisors(k)), n, seq_len,
-                         res, note):
-        for pp in opts("pp", _divisors(n // cp // tp) if n % (cp * tp) == 0 else []):
-            if n % (cp * tp * pp):
-                continue
-            dp = n // (cp * tp * pp)
-            if "dp" in fixed and fixed["dp"] != dp:
-                continue
-            res.layouts_considered += 1
-            layout = {"dp": dp, "tp": tp, "pp": pp, **({"cp": cp} if cp > 1 else {})}
-            reason = _layout_reason(model, dp, tp, pp, node, global_batch, allow_tp_across_nodes)
+    def layouts(self) -> Iterator[dict[str, int]]:
+        """``{dp, tp, pp[, cp]}`` of every layout worth pricing."""
+        res, n = self.res, self.res.cluster.n_devices
+        model, node = res.model, res.cluster.devices_per_node
+        for cp in self.opts("cp", self.cp_values):
+            reason = CP_DEVICES if n % cp else CP_SEQ if cp > 1 and res.seq_len % (2 * cp) else None
             if reason:
-                res.layouts_rejected[reason] += 1
-                note(reason, 1, layout)
+                self.reject(reason, 1, {"cp": cp}, layout=True)
                 continue
-            scheds = _schedules(L, pp, fixed, allow_uneven, max_uneven_vpp)
-            scheds = [o for o in scheds if o[0] in options.schedules]  # the stack's
-            # MoE: expert parallelism over every ep dividing dp and the experts (carved out of dp)
-            eps = opts("ep", [d for d in _divisors(dp) if model.is_moe and model.n_experts % d == 0] or [1])
-            rces = [(rc, ep) for rc in rcs for ep in eps]
-            mbs = opts("micro_batch", _divisors(global_batch // dp))
-            sps = opts("sp", [False, True] if tp > 1 else [False])
-            inner = len(zeros) * len(sps) * len(rces)
+            for tp in self.opts("tp", _divisors(n // cp)):
+                for pp in self.opts("pp", _divisors(n // cp // tp) if n % (cp * tp) == 0 else []):
+                    if n % (cp * tp * pp):
+                        continue
+                    dp = n // (cp * tp * pp)
+                    if "dp" in self.fixed and self.fixed["dp"] != dp:
+                        continue
+                    res.layouts_considered += 1
+                    layout = {"dp": dp, "tp": tp, "pp": pp, **({"cp": cp} if cp > 1 else {})}
+                    reason = _layout_reason(model, dp, tp, pp, node, res.global_batch,
+                                            self.allow_tp_across_nodes)
+                    if reason:
+                        self.reject(reason, 1, layout, layout=True)
+                        continue
+                    yield layout
+
+    def plans(self) -> Iterator[tuple[ParallelPlan, dict[str, Any]]]:
+        """Every candidate plan, with its dimensions (for the per-dimension tables)."""
+        res, fixed = self.res, self.fixed
+        L = res.model.n_layers
+        for layout in self.layouts():
+            dp, tp, pp = layout["dp"], layout["tp"], layout["pp"]
+            scheds = _schedules(L, pp, fixed, fixed.get("uneven_stages", True), self.max_uneven_vpp)
+            scheds = [o for o in scheds if o[0] in res.options.schedules]  # the stack's
+            mbs = self.opts("micro_batch", _divisors(res.global_batch // dp))
+            sps = self.opts("sp", [False, True] if tp > 1 else [False])
+            inner = len(self.opts("zero", ZEROS)) * len(sps) * len(self._rc_ep(dp))
             res.plans_considered += len(scheds) * len(mbs) * inner
             for sched, vpp, stages in scheds:
                 sdims = dict(layout, schedule=_label(pp, sched, vpp, stages))
-                if stages > L:
-                    res.plans_rejected[PP_LAYERS] += len(mbs) * inner
-                    note(PP_LAYERS, len(mbs) * inner, sdims)
-                    continue
-                uneven = L % stages != 0
-                if uneven and not allow_uneven:
-                    res.plans_rejected[UNEVEN] += len(mbs) * inner
-                    note(UNEVEN, len(mbs) * inner, sdims)
+                why = (PP_LAYERS if stages > L else UNEVEN
+                       if L % stages and not fixed.get("uneven_stages", True) else None)
+                if why:
+                    self.reject(why, len(mbs) * inner, sdims)
                     continue
                 for mb in mbs:
-                    m = global_batch // (mb * dp) if global_batch % (mb * dp) == 0 else 0
-                    mdims = dict(sdims, micro_batch=mb)
-                    if m == 0:
-                        res.plans_rejected[DP_BATCH] += inner
-                        note(DP_BATCH, inner, mdims)
+                    yield from self._micro_batch_plans(layout, sched, vpp, stages, mb, sps, sdims)
+
+    def _rc_ep(self, dp: int) -> list[tuple[str, int]]:
+        """(recompute, ep) pairs; ep over every degree dividing dp and the experts."""
+        model = self.res.model
+        eps = self.opts("ep", [d for d in _divisors(dp)
+                               if model.is_moe and model.n_experts % d == 0] or [1])
+        return [(rc, ep) for rc in self.opts("recompute", list(RECOMPUTE)) for ep in eps]
+
+    def _micro_batch_plans(self, layout: dict[str, int], sched: str, vpp: int, stages: int,
+                           mb: int, sps: list[bool], sdims: dict[str, Any]
+                           ) -> Iterator[tuple[ParallelPlan, dict[str, Any]]]:
+        res, fixed = self.res, self.fixed
+        dp, tp, pp = layout["dp"], layout["tp"], layout["pp"]
+        zeros, rces = self.opts("zero", ZEROS), self._rc_ep(dp)
+        gb = res.global_batch
+        m = gb // (mb * dp) if gb % (mb * dp) == 0 else 0
+        mdims = dict(sdims, micro_batch=mb)
+        why = DP_BATCH if m == 0 else (FEW_MICROBATCHES if pp > 1 and sched != "gpipe" and m < pp
+                                       else None)
+        if why:
+            self.reject(why, len(zeros) * len(sps) * len(rces), mdims)
+            return
+        offload = fixed.get("offload", False)
+        compression = fixed.get("grad_compression", "none")
+        for sp in sps:
+            if sp and res.seq_len % tp:
+                self.reject(SP_SEQ, len(zeros) * len(rces), dict(mdims, sp=sp))
+                continue
+            for zero in zeros:
+                why = (OFFLOAD_ZERO if offload and zero < 3 else COMPRESSION_ZERO
+                       if compression != "none" and zero != 0 else None)
+                if why:
+                    self.reject(why, len(rces), dict(mdims, sp=sp, zero=zero))
+                    continue
+                for rc, ep in rces:
+                    if ep > 1 and zero:
+                        self.reject(EP_ZERO, 1, dict(mdims, sp=sp, zero=zero, recompute=rc))
                         continue
-                    if pp > 1 and sched != "gpipe" and m < pp:
-                        res.plans_rejected[FEW_MICROBATCHES] += inner
-                        note(FEW_MICROBATCHES, inner, mdims)
-                        continue
-                    for sp in sps:
-                        if sp and seq_len % tp:
-                            res.plans_rejected[SP_SEQ] += len(zeros) * len(rces)
-                            note(SP_SEQ, len(zeros) * len(rces), dict(mdims, sp=sp))
-                            continue
-                        for zero in zeros:
-                            if offload and zero < 3:
-                                res.plans_rejected[OFFLOAD_ZERO] += len(rces)
-                                note(OFFLOAD_ZERO, len(rces), dict(mdims, sp=sp, zero=zero))
-                                continue
-                            if compression != "none" and zero != 0:
-                                res.plans_rejected[COMPRESSION_ZERO] += len(rces)
-                                note(COMPRESSION_ZERO, len(rces), dict(mdims, sp=sp, zero=zero))
-                                continue
-                            for rc, ep in rces:
-                                if ep > 1 and zero:
-                                    res.plans_rejected[EP_ZERO] += 1
-                                    note(EP_ZERO, 1, dict(mdims, sp=sp, zero=zero, recompute=rc))
-                                    continue
-                                plan = ParallelPlan(
-                                    dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, zero=zero, sp=sp,
-                                    micro_batch=mb, global_batch=global_batch, seq_len=seq_len,
-                                    recompute=rc, schedule=sched, dtype=dtype, offload=offload,
-                                    grad_compression=compression, uneven_stages=uneven, ep=ep)
-                                mem = pricer.memory(plan)
-                                need = mem.total
-                                dims = dict(mdims, sp=sp, zero=zero, recompute=rc,
-                                            **({"ep": ep} if model.is_moe else {}))
-                                if res.least_memory is None or need < res.least_memory[0]:
-                                    res.least_memory = (need, plan)
-                                for kv in dims.items():
-                                    if need < least_by.get(kv, float("inf")):
-                                        least_by[kv] = need
-                                if not mem.fits:
-                                    res.plans_rejected[NO_FIT] += 1
-                                    note(NO_FIT, 1, dims)
-                                    continue
-                                try:  # the final word: the checks above mirror it
-                                    plan.validate(model, n)
-                                    runtime_refuses(model, plan)  # what ptd train refuses
-                                except PtdError as err:
-                                    why = f"invalid: {err}"
-                                    res.plans_rejected[why] += 1
-                                    note(why, 1, dims)
-                                    continue
-                                e = pricer.estimate(plan, mem)
-                                k = objective_key(obj, e)
-                                keyed.append((k, e))
-                                for kv in dims.items():
-                                    cur = best_keys.get(kv)
-                                    if cur is None or k < cur:
-                                        best_keys[kv] = k
-                                        best_by[kv] = e
-    if res.layouts_considered == 0:
-        held = ", ".join(f"{k}={fixed[k]}" for k in ("dp", "tp", "pp") if k in fixed)
-        raise PtdError(f"no layout dp*tp*pp = {n} has {held}")
-    keyed.sort(key=lambda ke: ke[0])
-    res.ranked = [e for _, e in keyed]
-    res.elapsed_s = time.perf_counter() - t0
-    return res
+                    plan = ParallelPlan(
+                        dp=dp, tp=tp, pp=pp, cp=layout.get("cp", 1), vpp=vpp, zero=zero, sp=sp,
+                        micro_batch=mb, global_batch=gb, seq_len=res.seq_len, recompute=rc,
+                        schedule=sched, dtype=res.dtype, offload=offload,  # type: ignore[arg-type]
+                        grad_compression=compression, uneven_stages=res.model.n_layers % stages != 0,
+                        ep=ep)
+                    yield plan, dict(mdims, sp=sp, zero=zero, recompute=rc,
+                                     **({"ep": ep} if res.model.is_moe else {}))
 
 
 def runtime_refuses(model: ModelSpec, plan: ParallelPlan) -> None:
@@ -395,20 +425,6 @@ def ranked_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_
                  **kwargs: Any) -> list[Estimate]:
     """Every plan that fits, best first (what a test that runs the candidates iterates)."""
     return search(model, cluster, global_batch, seq_len, **kwargs).ranked
-
-
-def _cp_tp(cps: list[int], tps: Callable[[int], list[int]], n: int, seq_len: int,
-           res: SearchResult, note: Callable[..., None]) -> Iterator[tuple[int, int]]:
-    """``(cp, tp)`` pairs to search; a cp that cannot split the devices or the sequence is
-    rejected (as a layout) with its reason."""
-    for cp in cps:
-        reason = CP_DEVICES if n % cp else CP_SEQ if cp > 1 and seq_len % (2 * cp) else None
-        if reason:
-            res.layouts_rejected[reason] += 1
-            note(reason, 1, {"cp": cp})
-            continue
-        for tp in tps(n // cp):
-            yield cp, tp
 
 
 def _layout_reason(model: ModelSpec, dp: int, tp: int, pp: int, node: int, global_batch: int,

@@ -39,6 +39,14 @@ PLANS = {
                                                    "recompute": "full"}),
     "405b-pp16": ("llama3.1-405b", 2048, 2048, 8192, {"tp": 8, "pp": 16, "schedule": "1f1b",
                                                       "uneven_stages": True, "zero": 1}),
+    # mixture of experts (expert parallelism runs with ZeRO 0 in ptd) and context parallel
+    "mixtral-ep8-pp4": ("mixtral-8x7b", 64, 256, 4096, {"ep": 8, "tp": 1, "pp": 4, "zero": 0,
+                                                        "schedule": "1f1b"}),
+    "mixtral-tp2-ep4": ("mixtral-8x7b", 64, 256, 4096, {"ep": 4, "tp": 2, "pp": 4, "zero": 0,
+                                                        "schedule": "1f1b"}),
+    "tiny-moe-ep4": ("tiny-moe", 8, 16, 256, {"ep": 4, "dp": 8}),
+    "cp2-tp2": ("llama3-8b", 16, 32, 8192, {"cp": 2, "tp": 2}),
+    "70b-cp2-pp4": ("llama3-70b", 128, 64, 8192, {"cp": 2, "tp": 8, "pp": 4, "schedule": "1f1b"}),
 }
 FILES = {"deepspeed": "ds_config.json", "torchtitan": "torchtitan_launch.sh",
          "megatron": "megatron_launch.sh"}
@@ -89,12 +97,15 @@ def test_the_set_covers_what_the_issue_names(checked):
     assert any(p.tp > 1 and p.dp == 1 and p.pp == 1 for p in ps.values())
     assert any(p.uneven_stages and len(set(stages(checked[k][0]))) > 1 for k, p in ps.items())
     assert ps["405b-pp16"].pp == 16 and checked["405b-pp16"][0].model.n_layers == 126
+    assert any(p.ep > 1 and p.tp > 1 for p in ps.values()) and any(p.ep > 1 for p in ps.values())
+    assert any(p.cp > 1 and p.pp > 1 for p in ps.values()) and any(p.cp > 1 for p in ps.values())
+    assert ps["mixtral-ep8-pp4"].ep == 8 and checked["mixtral-ep8-pp4"][0].model.n_experts == 8
 
 
 @pytest.mark.timeout(300)
 def test_deepspeed_reads_the_plan(checked):
     for name, (e, res, d) in checked.items():
-        p, got = e.plan, _ok(res, "deepspeed", name)
+        p, got, m = e.plan, _ok(res, "deepspeed", name), e.model
         assert got["train_batch_size"] == p.global_batch and got["micro_batch"] == p.micro_batch
         assert got["grad_accum"] == p.global_batch // (p.micro_batch * p.dp) and got["dp"] == p.dp
         assert got["zero"] == p.zero and got["bf16"] and not got["fp16"]
@@ -109,13 +120,36 @@ def test_deepspeed_reads_the_plan(checked):
         assert f"--deepspeed_config {name}.ds_config.json" in launch
         if p.pp > 1:
             assert f"num_stages={p.pp}" in launch and "not expressible" in launch
+        assert got["moe"] == ({"hidden_size": m.hidden, "expert": None,
+                               "num_experts": m.n_experts, "ep_size": p.ep, "k": m.top_k,
+                               "drop_tokens": False} if m.is_moe else None)
+        if m.is_moe:  # experts and ep are the model code's: named, with the values
+            want = f"deepspeed.moe.layer.MoE(hidden_size={m.hidden}, expert=<the MLP>, " \
+                   f"num_experts={m.n_experts}, ep_size={p.ep}, k={m.top_k}, drop_tokens=False)"
+            assert want in launch, launch
+            assert f"# not expressible: the {m.n_experts} experts (top-{m.top_k} routing) and " \
+                   f"expert parallelism ep {p.ep} have no ds_config key" in launch
+        if p.cp > 1:
+            assert f" x context {p.cp} x " in launch
+            assert "# not expressible: context parallelism" in launch
 
 
 @pytest.mark.timeout(300)
 def test_torchtitan_parses_the_plan(checked):
-    for name, (e, res, _) in checked.items():
+    for name, (e, res, d) in checked.items():
         p, got = e.plan, _ok(res, "torchtitan", name)
-        assert got["n_layers"] == e.model.n_layers  # the config function is the ptd model
+        script = (d / f"{name}.torchtitan_launch.sh").read_text()
+        if e.model.name.startswith("llama3"):
+            assert got["n_layers"] == e.model.n_layers  # the config function is the ptd model
+        else:  # no config function of this shape: named, with the shape to register
+            assert f"# not expressible: {e.model.name} has no torchtitan config function" in script
+            assert f"n_layers={e.model.n_layers}" in script
+        if e.model.is_moe:  # a module with experts, so that expert parallelism applies
+            assert got["num_experts"] and got["no_cuda_graphs"]
+            assert f"num_experts={e.model.n_experts}, top_k={e.model.top_k}" in script
+        assert got["ep"] == p.ep and got["cp"] == p.cp
+        if p.cp > 1:
+            assert got["cp_balancer"] == "headtail"  # ptd's zig-zag chunks
         assert got["dp_replicate"] * got["dp_shard"] == p.dp
         assert (got["tp"], got["pp"]) == (p.tp, p.pp)
         if got["dp_shard"] > 1:
@@ -139,7 +173,7 @@ def test_torchtitan_parses_the_plan(checked):
 
 @pytest.mark.timeout(300)
 def test_megatron_core_builds_the_plan(checked):
-    for name, (e, res, _) in checked.items():
+    for name, (e, res, d) in checked.items():
         p, got = e.plan, _ok(res, "megatron", name)
         assert (got["tp"], got["pp"], got["dp"]) == (p.tp, p.pp, p.dp)
         assert got["vpp"] == (p.stages_per_rank if p.stages_per_rank > 1 else None)
@@ -158,8 +192,22 @@ def test_megatron_core_builds_the_plan(checked):
             assert got["sharding"] == {2: "optim_grads", 3: "optim_grads_params"}[p.zero]
         assert got["dist_opt"] == (p.zero == 1 or p.offload)
         assert got["offload"] == got["precision_aware"] == p.offload
-        assert got["max_connections_1"] == (p.tp > 1 and p.zero < 2)
+        # set whenever Megatron-FSDP (which wants it unset) is not used: tp > 1 needs it
+        assert got["max_connections_1"] == (p.zero < 2)
         assert got["train_iters"] == 200
+        assert got["cp"] == p.cp and got["cp_comm"] == ("all_gather" if p.cp > 1 else None)
+        m = e.model
+        if m.is_moe:
+            assert (got["num_experts"], got["topk"], got["ep"]) == (m.n_experts, m.top_k, p.ep)
+            assert got["moe_ffn"] == m.ffn_hidden and got["aux_coeff"] == m.aux_loss_coef
+            assert got["z_coeff"] == m.z_loss_coef and got["capacity"] is None  # dropless
+            # Megatron shards experts over tp by default; ptd does not: named
+            assert got["etp"] == p.tp
+            if p.tp > 1:
+                assert "# not expressible: experts over tp" in \
+                    (d / f"{name}.megatron_launch.sh").read_text()
+        else:
+            assert got["num_experts"] is None and got["ep"] == 1
 
 
 def test_cli_notes_reach_stderr_and_the_launch_is_written_beside(ptd_cli, tmp_path):

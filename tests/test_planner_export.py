@@ -35,6 +35,8 @@ TORCHTITAN_FLAGS = {
     "--optimizer.param-groups.0.optimizer-kwargs.eps",
     "--optimizer.param-groups.0.optimizer-kwargs.weight-decay", "--lr-scheduler.warmup-steps",
     "--lr-scheduler.decay-type", "--lr-scheduler.min-lr-factor", "--debug.seed",
+    "--parallelism.expert-parallel-degree", "--parallelism.context-parallel-degree",
+    "--parallelism.context-parallel-load-balancer",
 }
 # torch.distributed.pipelining.schedules.get_schedule_class (torch 2.13)
 TORCHTITAN_SCHEDULES = {"1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble",
@@ -99,6 +101,16 @@ MEGATRON_FLAGS = {
 MEGATRON_FLAGS.update({"--pipeline-model-parallel-layout": None,
                        "--use-precision-aware-optimizer": None,
                        "--ckpt-format": {"torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"}})
+# experts, routing and the context-parallel exchange (moe and parallelism groups)
+MEGATRON_FLAGS.update({"--moe-ffn-hidden-size": None, "--moe-shared-expert-intermediate-size": None,
+                       "--moe-router-load-balancing-type": {"aux_loss", "seq_aux_loss",
+                                                            "global_aux_loss", "sinkhorn", "none"},
+                       "--moe-aux-loss-coeff": None, "--moe-z-loss-coeff": None,
+                       "--moe-expert-capacity-factor": None,
+                       "--moe-token-dispatcher-type": {"allgather", "alltoall", "flex"},
+                       "--expert-model-parallel-size": None, "--context-parallel-size": None,
+                       # passed on to Transformer Engine's attention, whose names these are
+                       "--cp-comm-type": {"p2p", "all_gather", "a2a", "a2a+p2p"}})
 for _gone in ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
               "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"):
     del MEGATRON_FLAGS[_gone]  # ptd states the split with the layout instead
@@ -263,8 +275,8 @@ def test_deepspeed_export_uses_documented_keys(plans):
         assert ds["train_batch_size"] == (ds["train_micro_batch_size_per_gpu"]
                                           * ds["gradient_accumulation_steps"] * p.dp)
         assert ds["zero_optimization"]["stage"] == p.zero
-        assert (f"data {p.dp} x tensor {p.tp} x pipeline {p.pp} = {p.world_size} ranks"
-                in launch)
+        assert f"# parallel degrees: data {p.dp}" in launch
+        assert f"x tensor {p.tp} x pipeline {p.pp} = {p.world_size} ranks" in launch
         if p.pp > 1:
             kw, _ = export_deepspeed.pipeline(e, X.stages(e))
             assert set(kw) <= PIPELINE_MODULE_KWARGS and kw["num_stages"] == p.pp

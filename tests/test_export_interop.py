@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from ptd.planner import export_torchtitan
 from ptd.planner.export import export_files, launch_filename, stages
 from ptd.planner.search import search
-from ptd.specs import ClusterSpec, get_preset, load_hardware
+from ptd.specs import ClusterSpec, TrainConfig, get_preset, load_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 INTEROP_PY = ROOT / ".venv-interop" / "bin" / "python"
@@ -50,6 +51,7 @@ PLANS = {
 }
 FILES = {"deepspeed": "ds_config.json", "torchtitan": "torchtitan_launch.sh",
          "megatron": "megatron_launch.sh"}
+OPT = TrainConfig().optim  # what ptd train would run: the exports carry the same schedule
 AC = {"none": "NoneType", "selective": "SelectiveAC.Config", "full": "FullAC.Config"}
 
 
@@ -113,6 +115,8 @@ def test_deepspeed_reads_the_plan(checked):
         assert got["offload_param"] == (p.offload and p.zero == 3)
         assert got["optimizer"] == "adamw" and got["scheduler"] == "WarmupCosineLR"
         assert got["total_steps"] == 200  # ptd train's default steps, as `ptd plan --help` says
+        assert (got["lr"], got["warmup"], got["min_lr_ratio"]) == (OPT.lr, OPT.warmup_steps,
+                                                                   OPT.min_lr_ratio)
         # the plain JSON has no wrapper; what it cannot hold is in the launch script beside it
         ds = json.loads((d / f"{name}.ds_config.json").read_text())
         assert "train_batch_size" in ds and "ds_config" not in ds
@@ -159,7 +163,9 @@ def test_torchtitan_parses_the_plan(checked):
         assert got["global_batch"] == p.global_batch and got["seq_len"] == p.seq_len
         assert got["steps"] == 200 and got["param_dtype"] == "bfloat16"
         assert got["offload"] == p.offload and got["ac"] == AC[p.recompute]
-        assert got["warmup"] == 20 and got["min_lr_factor"] == 0.1
+        assert got["warmup"] == 20 and got["min_lr_factor"] == 0.1 and got["lr"] == OPT.lr
+        if p.pp > 1:
+            assert got["schedule"] == export_torchtitan.schedule(p)
         if p.pp > 1:
             assert got["no_cuda_graphs"] and got["pp_microbatch"] == p.micro_batch
             assert got["local_batch"] // got["pp_microbatch"] == p.n_microbatches
@@ -194,7 +200,9 @@ def test_megatron_core_builds_the_plan(checked):
         assert got["offload"] == got["precision_aware"] == p.offload
         # set whenever Megatron-FSDP (which wants it unset) is not used: tp > 1 needs it
         assert got["max_connections_1"] == (p.zero < 2)
-        assert got["train_iters"] == 200
+        assert got["train_iters"] == 200 and got["bf16"]
+        assert (got["lr"], got["warmup"], got["decay"]) == (OPT.lr, OPT.warmup_steps, "cosine")
+        assert got["min_lr"] == pytest.approx(OPT.lr * OPT.min_lr_ratio)
         assert got["cp"] == p.cp and got["cp_comm"] == ("all_gather" if p.cp > 1 else None)
         m = e.model
         if m.is_moe:

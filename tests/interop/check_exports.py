@@ -42,6 +42,8 @@ def deepspeed_check(path, world_size, dp):
             "optimizer": c.optimizer_name, "lr": opt.get("lr"),
             "scheduler": c.scheduler_name,
             "total_steps": (c.scheduler_params or {}).get("total_num_steps"),
+            "warmup": (c.scheduler_params or {}).get("warmup_num_steps"),
+            "min_lr_ratio": (c.scheduler_params or {}).get("cos_min_ratio"),
             "clip": c.gradient_clipping, "moe": moe}
 
 
@@ -180,7 +182,9 @@ def megatron_check(path, world_size):
             "offload": "optimizer_cpu_offload" in a,
             "precision_aware": "use_precision_aware_optimizer" in a,
             "max_connections_1": "export CUDA_DEVICE_MAX_CONNECTIONS=1" in text,
-            "train_iters": int(a["train_iters"]), "cp": cp, "cp_comm": c.cp_comm_type,
+            "train_iters": int(a["train_iters"]), "bf16": c.bf16, "lr": float(a["lr"]),
+            "min_lr": float(a["min_lr"]), "warmup": int(a["lr_warmup_iters"]),
+            "decay": a["lr_decay_style"], "cp": cp, "cp_comm": c.cp_comm_type,
             "ep": ep, "etp": etp, "num_experts": c.num_moe_experts,
             "topk": c.moe_router_topk if c.num_moe_experts else None,
             "moe_ffn": c.moe_ffn_hidden_size, "aux_coeff": c.moe_aux_loss_coeff,

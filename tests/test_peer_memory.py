@@ -201,3 +201,23 @@ def test_deepspeed_runs_the_zero3_formula_written_here(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     theirs = json.loads(r.stdout.strip().splitlines()[-1])
     assert [list(deepspeed_zero3(*c)) for c in cases] == theirs
+
+
+def test_estimate_json_names_the_activation_convention_and_gives_megatrons(ptd_cli):
+    # GPT-3 175B with selective recompute (its 50257-token vocabulary allows no tp > 1):
+    # Megatron-LM's figure, written out as in
+    # test_megatron_activation_formula_is_korthikanti_for_a_gpt_block, at t = 1
+    import json
+    s, b, h, L, V, t = 2048, 2, 12288, 96, 50257, 1
+    rc, out, err = ptd_cli("estimate", "--model", "gpt3-175b", "--hardware", "h100-sxm",
+                           "--gpus", "8", "--global-batch", "16", "--seq-len", str(s),
+                           "--micro-batch", str(b), "--recompute", "selective", "--zero", "3",
+                           "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    act = d["activation_convention"]
+    assert act["used"] == "ptd" and act["selective_sp"] is False
+    want = (34 * s * b * h * L + 8 * s * b + s * b * h + 4 * s * b * h * (1 + V / h)) / t
+    assert act["megatron_selective_bytes"] == pytest.approx(want, rel=1e-12)
+    # the plan itself is the selective one: the figure used is the one the memory total holds
+    assert act["ptd_selective_bytes"] == d["memory_per_device_bytes"]["activations"]

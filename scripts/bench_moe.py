@@ -3,7 +3,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_moe.py --model tiny-moe --batch 8 --seq 256
 
-"loop" is ptd's MoE forward before issue 15 (for each expert: ``nonzero`` of the tokens that
+"loop" is the per-expert MoE forward ptd had first (for each expert: ``nonzero`` of the tokens that
 chose it, gather, the expert's MLP, weighted ``index_add``), run on the same stacked weights;
 "grouped" is :class:`ptd.runtime.moe.MoE` (one sort, one gather, ``torch._grouped_mm`` per
 weight matrix, one ``index_add``). Auxiliary losses off in both, so the work is the same.

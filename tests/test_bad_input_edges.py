@@ -1,4 +1,4 @@
-"""Issue 21, one class of bad input per test: every one is one line ``ptd <cmd>: error:
+"""One class of bad input per test: every one is one line ``ptd <cmd>: error:
 ...``, exit code 2, before anything is started or written. Faults of the machine (a full
 disk) and bugs (an unexpected exception) are one line and exit 1. All in this process;
 one short training run (world of one, tiny model) for the cases that need a real run.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import forbid_processes
+from helpers import forbid_processes
 from ptd.cli import main
 from ptd.errors import PtdError, PtdFault
 
@@ -231,7 +231,7 @@ def test_check_writable_creates_nothing(home):
 
 
 def test_json_safe_replaces_non_finite_with_null_and_a_reason(capsys):
-    from ptd.cli import emit_json
+    from ptd.commands.args import emit_json
     from ptd.safeio import dumps_strict
     obj = {"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -float("inf")}, "e": 2.5}
     text = dumps_strict(obj)

@@ -113,6 +113,18 @@ def test_profile_from_timings_loads_and_carries_the_fits():
     assert hw.collective_fit("all_reduce", 2).alpha == pytest.approx(1e-4, rel=1e-6)
     assert hw.attention_efficiency == pytest.approx(0.5)
     assert hw.peak("fp32") >= 60e9 * (1 - 1e-6)
+    assert hw.gemm_shapes_measured == {}  # no sweep in these timings
+
+
+def test_shape_sweep_is_stored_relative_to_the_fitted_rate():
+    plan, results = _synthetic()
+    # one product of 64x32x64 at 30 GFLOP/s on one worker, whose fitted rate R is 60e9
+    results[0]["compute"]["1"]["gemm_shapes"] = {"fp32": {"64x32x64": 2 * 64 * 32 * 64 / 30e9}}
+    s = summarize(plan, results)
+    assert s["gemm_shapes"]["fp32"]["64x32x64"] == pytest.approx(0.5, rel=1e-6)
+    hw = hardware_from_dict(profile_table(s, get_hardware_preset("cpu"), "synth", "cpu", None,
+                                          "test"), "synth")
+    assert hw.gemm_shapes_measured == {"fp32": {"64x32x64": pytest.approx(0.5, rel=1e-6)}}
 
 
 # ------------------------------------------------------------------ command line
@@ -134,7 +146,8 @@ def calibrated(tmp_path_factory):
     home = tmp_path_factory.mktemp("ptdhome")
     env = dict(os.environ, PTD_HOME=str(home))
     p = subprocess.run([sys.executable, "-m", "ptd", "calibrate", "--quick", "--workers", "1,2",
-                        "--name", "testbox", "--json"], capture_output=True, text=True,
+                        "--name", "testbox", "--model", "tiny", "--tokens", "64", "--json"],
+                       capture_output=True, text=True,
                        env=env, timeout=150)
     assert p.returncode == 0, p.stderr[-3000:]
     return home, json.loads(p.stdout), p.stderr
@@ -176,6 +189,14 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
     assert len(pts) == 3 and pts[0][0] < 0.1 * pts[1][0] and pts[1][0] < pts[2][0]
     assert all(0 <= w and math.isfinite(w) for _, w in pts)  # (no absolute bound in seconds)
     assert "blocking_collective" not in hw.overheads_measured
+    # --model tiny --tokens 64: tiny is hidden 64, 8 heads of 8 with 4 kv heads (kv width 32),
+    # SwiGLU 128, vocabulary 256, so its products (m x n x k) at 64 rows are wq and wo
+    # 64x64x64, wk and wv 64x32x64, w1 and w3 64x128x64, w2 64x64x128, the output 64x256x64;
+    # a quick calibration sweeps only those (one worker: the first worker count)
+    want = {"64x64x64", "64x32x64", "64x128x64", "64x64x128", "64x256x64"}
+    assert set(hw.gemm_shapes_measured["fp32"]) == want
+    assert all(math.isfinite(v) and v > 0 for v in hw.gemm_shapes_measured["fp32"].values())
+    assert "matmul fp32 by shape" not in err  # (the table is in the human output, not --json)
     meta = out["meta"]
     assert meta["workers"] == [1, 2] and meta["quick"] is True
     assert meta["seconds"] > 0  # (how long: benchmarks, not an assertion in seconds)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import forbid_processes
+from helpers import forbid_processes, checkpoint_model, hf_logits, ptd_logits
 from ptd.cli import main
 from ptd.errors import PtdError
 from ptd.runtime.checkpoint import restore, store
@@ -294,33 +294,6 @@ def test_non_finite_state_is_never_saved(run_dir, tmp_path):
 
 
 # ----------------------------------------------------------------- Hugging Face
-def _ptd_logits(spec, state, tokens):
-    from ptd.runtime.model import build_model
-    model = build_model(spec, "cpu")
-    model.init_buffers()
-    model.load_state_dict(state, strict=False)
-    model.eval()
-    with torch.no_grad():
-        return model(tokens)
-
-
-def _checkpoint_model(path):
-    import torch.distributed.checkpoint as dcp
-    from ptd.runtime.model import build_model
-    ck = store.read(path)
-    sd = dict(build_model(ck.config.model, "cpu").state_dict())
-    dcp.load({"model": sd}, checkpoint_id=str(path), no_dist=True)
-    return ck.config.model, sd
-
-
-def _hf_logits(folder, tokens):
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
-    model.eval()
-    with torch.no_grad():
-        return type(model).__name__, model(tokens).logits
-
-
 @pytest.fixture
 def offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -333,10 +306,10 @@ def test_export_llama_gives_transformers_the_same_logits(run_dir, tmp_path, offl
     assert cli("export", run_dir, "--format", "hf", "--out", out) == 0
     assert "LlamaForCausalLM" in capfd.readouterr().out
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "ptd_export.json"]
-    spec, state = _checkpoint_model(run_dir / "checkpoints" / "step_00000004")
+    spec, state = checkpoint_model(run_dir / "checkpoints" / "step_00000004")
     tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
-    name, theirs = _hf_logits(out, tokens)
-    ours = _ptd_logits(spec, state, tokens)
+    name, theirs = hf_logits(out, tokens)
+    ours = ptd_logits(spec, state, tokens)
     assert name == "LlamaForCausalLM"
     assert (ours - theirs).abs().max().item() <= 1e-4
     # The export is of the newest good checkpoint: a damaged newest is skipped with a warning.
@@ -361,9 +334,9 @@ def test_gpt2_style_exports_as_gpt2lmheadmodel(tmp_path, offline):
     back = hf.from_hf(hf.to_hf(state, spec), spec)
     assert all(torch.equal(back[k], state[k]) for k in state)
     tokens = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(2))
-    name, theirs = _hf_logits(tmp_path / "gpt", tokens)
+    name, theirs = hf_logits(tmp_path / "gpt", tokens)
     assert name == "GPT2LMHeadModel"
-    assert (_ptd_logits(spec, state, tokens) - theirs).abs().max().item() <= 1e-4
+    assert (ptd_logits(spec, state, tokens) - theirs).abs().max().item() <= 1e-4
 
 
 def test_unmappable_models_are_refused_with_the_reason():

@@ -86,7 +86,7 @@ def test_activation_peak_is_the_plain_loop(attention):
             best = 0.0
             for r in range(p.pp):
                 k = M.in_flight(p, r)
-                t = k * P.rank_layers(m, p, r) * per_layer
+                t = k * P.layers_per_rank(m, p)[r] * per_layer
                 if r == first and m.dropout > 0:
                     t += k * ab * p.seq_len * p.micro_batch * m.hidden / (p.tp if p.sp else 1)
                 if r == last:
@@ -121,3 +121,20 @@ def test_equal_specs_in_distinct_objects_price_the_same():
     p = ParallelPlan(dp=2, pp=2, zero=1, global_batch=16, seq_len=64)
     a, b = estimate(m1, c1, p), estimate(m2, c2, p)
     assert a.step == b.step and a.memory == b.memory
+
+
+def test_memo_keys_specs_by_identity_and_the_rest_by_value():
+    from ptd.cost.memo import memo
+    calls = []
+
+    @memo(identity=(0,), maxsize=3)
+    def f(spec, n):
+        calls.append((id(spec), n))
+        return len(spec) * n
+
+    a, b = [1, 2], [1, 2]  # equal, not the same object (and unhashable, like a HardwareSpec)
+    assert f(a, 2) == 4 and f(a, 2) == 4 and len(calls) == 1
+    assert f(b, 2) == 4 and len(calls) == 2  # another object: computed again
+    assert f(a, 3) == 6 and len(calls) == 3  # another value: computed again
+    f(a, 4)  # a fourth entry empties the full memo first
+    assert f(a, 2) == 4 and len(calls) == 5

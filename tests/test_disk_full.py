@@ -1,4 +1,4 @@
-"""Issue 21, faults: a full disk while saving a checkpoint is one line naming the path,
+"""Faults: a full disk while saving a checkpoint is one line naming the path,
 exit code 1, the partial checkpoint removed and the previous one intact.
 
 ENOSPC is simulated at the write boundary -- ``store.write_durably``, through which the

@@ -1,4 +1,4 @@
-"""Issue 21: the Hugging Face *import* (``--init-from``: ``hf.read_folder``) checked
+"""The Hugging Face *import* (``--init-from``: ``hf.read_folder``) checked
 against transformers' own logits, on random weights that transformers initialised and
 saved itself -- not against ptd's own export (which a transposed ``wo`` in both directions
 would pass). Llama (RMSNorm, RoPE, SwiGLU, grouped-query attention, untied head) and GPT-2

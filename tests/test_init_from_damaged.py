@@ -1,4 +1,4 @@
-"""Issue 21: ``--init-from`` refuses damaged weights before any worker starts: a header
+"""``--init-from`` refuses damaged weights before any worker starts: a header
 that is not JSON, offsets that disagree with the file, a non-float dtype, a NaN in the
 values -- each one line, exit 2 (before: a corrupted file trained from garbage, exit 0)."""
 
@@ -8,7 +8,7 @@ import struct
 import pytest
 import torch
 
-from conftest import forbid_processes
+from helpers import forbid_processes
 from ptd.cli import main
 from ptd.runtime import hf
 from ptd.runtime.checkpoint.restore import expected_params

@@ -1,4 +1,4 @@
-"""Issue 21, faults: Ctrl-C during ``ptd train --checkpoint-every`` with two workers stops
+"""Faults: Ctrl-C during ``ptd train --checkpoint-every`` with two workers stops
 within 10 s with exit code 130, after the current step, with that step's checkpoint written
 and the summary saying "interrupted at step N"; ``--resume`` then continues with exactly the
 losses of an uninterrupted run. One reference run, one interrupted run, one resume."""

@@ -1,4 +1,4 @@
-"""Issue 21: MFU and HFU against worked examples from the papers, numbers written out.
+"""MFU and HFU against worked examples from the papers, numbers written out.
 
 PaLM (Chowdhery et al. 2022, arXiv 2204.02311, App. B): model FLOPs per token
 6N + 12 L H Q T; PaLM 540B (N = 540.35e9 parameters, L = 118 layers, H = 48 heads,

@@ -1,4 +1,4 @@
-"""Issue 6, "honest on this machine": the planner's ranked plans for the tiny model on 4 CPU
+"""Honest on this machine: the planner's ranked plans for the tiny model on 4 CPU
 workers, each run for real (`ptd plan --try`), and its top plan's measured throughput
 within 10% of the best measured one. The reduced set holds tensor parallelism at 1 (its
 plans are 3-10x slower here, predicted and measured alike; the table in docs/benchmarks.md runs every

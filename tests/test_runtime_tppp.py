@@ -67,7 +67,7 @@ def test_stages_and_shards_are_what_the_cost_model_prices(plan, tp):
             local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
                         for p in model.parameters())
             assert local == P.local_numel(TINY8, plan, pp_rank)
-            assert len(model.layers) == P.rank_layers(TINY8, plan, pp_rank)
+            assert len(model.layers) == P.layers_per_rank(TINY8, plan)[pp_rank]
             assert ids == [s for s in range(plan.n_stages) if P.stage_to_rank(s, plan) == pp_rank]
             # the chunks share the rank model's parameters (no copies), in stage order
             chunk_params = [id(p) for c in chunks for p in c.parameters()]

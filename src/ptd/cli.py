@@ -13,15 +13,10 @@ file that holds the traceback, exit 1 (``--debug`` or ``PTD_DEBUG=1`` prints it 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 from .errors import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_USAGE, PtdError, PtdFault
-
-MAX_INT = 2**40
-"""Largest integer a flag takes: beyond any real device count, batch or step count, and
-small enough that every product the cost model forms stays exact in a float."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,74 +25,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise PtdError(message)
-
-
-def positive_ints(s: str, limit: int | None = None) -> list[int]:
-    """``"4,1,2"`` -> ``[1, 2, 4]``: distinct positive integers (at most ``limit``)."""
-    try:
-        v = sorted({int(x) for x in s.split(",") if x.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers like 1,2,4, got {s!r}") from None
-    limit = MAX_INT if limit is None else limit
-    if not v or v[0] < 1 or v[-1] > limit:
-        bound = f"1..{limit}"
-        raise argparse.ArgumentTypeError(f"expected {bound} numbers like 1,2,4, got {s!r}")
-    return v
-
-
-def positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if not 1 <= v <= MAX_INT:
-        raise argparse.ArgumentTypeError(f"expected a positive integer (at most 2**40), got {s!r}")
-    return v
-
-
-def nonneg_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}") from None
-    if not 0 <= v <= MAX_INT:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer (at most 2**40), got {s!r}")
-    return v
-
-
-def positive_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
-    return v
-
-
-def nonneg_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {s!r}") from None
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {s!r}")
-    return v
-
-
-def fraction(s: str) -> float:
-    v = nonneg_float(s)
-    if v > 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {s!r}")
-    return v
-
-
-def emit_json(obj: Any) -> None:
-    """Strict JSON on stdout: a NaN or infinity becomes null with a ``<key>_null_reason``
-    beside it (:func:`ptd.safeio.json_safe`), never the non-standard ``NaN`` token."""
-    from .safeio import json_safe
-    json.dump(json_safe(obj), sys.stdout, indent=2, sort_keys=False, default=str, allow_nan=False)
-    sys.stdout.write("\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

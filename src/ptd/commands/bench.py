@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..cli import positive_int, positive_ints
+from .args import positive_int, positive_ints
 from ..errors import PtdError
 
 HELP = "scaling benchmarks: speedup, efficiency, Amdahl, memory per ZeRO stage (measured and predicted)"

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli import emit_json, fraction, nonneg_float, positive_float, positive_int
+from .args import emit_json, fraction, nonneg_float, positive_float, positive_int
 from ..cost import metrics as m
 from ..fmt import table
 

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..cli import emit_json, positive_ints
+from .args import emit_json, positive_int, positive_ints
 from ..errors import PtdError
 from ..fmt import duration, si, table
 
@@ -58,12 +58,19 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default="calibrated", help="profile name (default calibrated)")
     p.add_argument("--out", help="profile path, .toml (default $PTD_HOME/hardware/NAME.toml)")
     p.add_argument("--base", help="preset the profile overrides (default cpu, or the GPU's)")
-    p.add_argument("--quick", action="store_true", help="small sizes, few repeats (~15 s)")
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes, few repeats, no shape sweep (~15 s)")
+    p.add_argument("--model", help="also measure this model's own matmul shapes (one block and "
+                   "the output layer at --tokens rows, tp 1)")
+    p.add_argument("--tokens", type=positive_int, default=4096,
+                   help="rows of the --model products: micro-batch x sequence (default 4096)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
 def _validate(a: argparse.Namespace) -> Path:
     from ..specs.hardware import PRESETS, hardware_home
+    if a.tokens != 4096 and not a.model:
+        raise PtdError("--tokens sets the rows of --model's products; give --model too")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", a.name):
         raise PtdError(f"--name must be letters, digits, '_', '-' or '.', got {a.name!r}")
     if a.name in PRESETS:
@@ -81,6 +88,18 @@ def _validate(a: argparse.Namespace) -> Path:
     return out
 
 
+def model_shapes(ref: str, tokens: int) -> list[tuple[int, int, int]]:
+    """(m, n, k) of one block's linear products and the output layer of model ``ref``."""
+    from ..cost.compute import Gemm, block_gemms
+    from ..specs.model import load_model
+    model = load_model(ref)
+    if tokens > 2**20:
+        raise PtdError(f"--tokens must be at most 2**20, got {tokens}")
+    lin, _ = block_gemms(model, tokens, min(tokens, model.max_seq_len), 1, 1)
+    lin.append(Gemm(tokens, model.vocab_size, model.hidden))
+    return sorted({(int(g.m), int(g.n), int(g.k)) for g in lin if g.m >= 1})
+
+
 def run(a: argparse.Namespace) -> int:
     out = _validate(a)
     from ..runtime.calibrate import calibrate, detect, gpu_preset, make_plan, stage_labels
@@ -95,11 +114,12 @@ def run(a: argparse.Namespace) -> int:
         dtypes = a.dtypes or ["bf16", "fp32"]
     else:
         workers, base, dtypes = a.workers or [1, 2, 4], a.base or "cpu", a.dtypes or ["fp32", "bf16"]
-    labels = stage_labels(make_plan(workers, dtypes, a.quick, info["device"]))
+    shapes = model_shapes(a.model, a.tokens) if a.model else None
+    labels = stage_labels(make_plan(workers, dtypes, a.quick, info["device"], shapes))
     print(f"ptd calibrate: {info['device']} ({info['name']}), workers {workers}, dtypes {dtypes}"
           f"{', quick' if a.quick else ''}; {len(labels)} stages", file=sys.stderr)
     with _Progress(len(labels)) as tick:
-        result = calibrate(workers, dtypes, a.quick, base, a.name, info, tick)
+        result = calibrate(workers, dtypes, a.quick, base, a.name, info, tick, shapes)
     from ..runtime.calibrate import write_profile
     write_profile(result, out)
     if a.out is None and a.name == "calibrated" and info["device"] == "cpu":
@@ -157,6 +177,12 @@ def render(result: dict, path: Path) -> str:
     lines += ["", "matmul per worker, N at once, a training step's three layouts (X W^T, dY W, "
               "dY^T X): t = c + FLOPs/R per product (fit error rms / max; GFLOP/s by size)",
               table(rows, header=("dtype", "N", "R", "c", "fit err", "by size"), align="lrrrrl")]
+    for dt, shapes in s.get("gemm_shapes", {}).items():
+        r0 = s["gemm"][dt][min(s["gemm"][dt])]["rate"]
+        rows = [(key, si(v * r0, "FLOP/s"), f"{v:.2f}") for key, v in shapes.items()]
+        lines += ["", f"matmul {dt} by shape (m x n x k), {min(s['gemm'][dt])} worker(s): the "
+                  "rate each product of the cost model takes, relative to R",
+                  table(rows, header=("shape", "rate", "/ R"), align="lrr")]
     rows = [(n, si(m["copy"], "B/s"), si(m["add"], "B/s"), si(m["value"], "B/s"),
              *([duration(s["overhead"][n][k]) for k in ("add", "view", "add_autograd", "value")]
                if n in s["overhead"] else ["-"] * 4))

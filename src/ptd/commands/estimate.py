@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from ..cost.stacks import STACKS
-from ..cli import emit_json, nonneg_int, positive_float, positive_int
+from .args import emit_json, nonneg_int, positive_float, positive_int
 from ..errors import PtdError
 from ..fmt import duration, gib, pct, si, table
 
@@ -191,6 +191,8 @@ def render(e, extra: dict[str, str] | None = None) -> str:
     rows = [(k, duration(getattr(st, k)), pct(getattr(st, k) / st.total))
             for k in ("compute", "tp_comm", "pp_comm", "dp_comm_exposed", "bubble", "optimizer")
             + (("ep_comm",) if p.ep > 1 else ())]
+    if st.overlap > 0:  # hidden collectives taking multiprocessors from the products
+        rows.append(("overlap", duration(st.overlap), pct(st.overlap / st.total)))
     if p.cp > 1:
         rows.append(("cp_comm", duration(st.cp_comm),
                      f"{pct(st.cp_comm / st.total)} (of {duration(st.cp_comm_total)} K/V exchange)"))

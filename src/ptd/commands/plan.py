@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..cli import emit_json, nonneg_int, positive_int, positive_ints
+from .args import emit_json, nonneg_int, positive_int, positive_ints
 from ..errors import PtdError
 from ..fmt import duration, gib, pct, si, table
 from .estimate import add_plan_flags, default_seq_len, resolve

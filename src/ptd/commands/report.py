@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..cli import emit_json
+from .args import emit_json
 from ..errors import PtdError
 
 HELP = "write a self-contained HTML report (charts, predicted vs measured) for a run folder"

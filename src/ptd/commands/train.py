@@ -28,7 +28,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from ..cli import nonneg_int, positive_float, positive_int, fraction
+from .args import nonneg_int, positive_float, positive_int, fraction
 from ..errors import PtdError
 
 HELP = "train a model with a parallel plan (torchrun; gloo on CPU, NCCL on GPU)"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli import emit_json
+from .args import emit_json
 from ..cost.stacks import STACKS
 
 HELP = "hold the cost model against published training runs (median/p90/max error)"

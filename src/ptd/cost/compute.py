@@ -26,6 +26,7 @@ dropout when enabled -- memory traffic of ``a s^2 b`` elements per pass).
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import dataclass
 
 from ..specs.hardware import DTYPE_BYTES, HardwareSpec
@@ -119,7 +120,7 @@ def shape_efficiency(m: float, n: float, k: float, sms: int, count: float = 1) -
     Background User's Guide", Deep Learning Performance documentation) -- the best of the
     tile shapes, as cuBLAS's heuristics pick -- times ``k / (k + K_FILL)``.
 
-    Checked against an H100 (tests/test_cost_shapes.py): the products of transformer layers
+    Checked against an H100 (tests/test_validate.py): the products of transformer layers
     (hidden 2304..12288, tp 1..8) are predicted within a median 6.4% of their measured rates
     with the preset's efficiency (Bekman's maximum achievable) and the measured launch cost."""
     m, n, count = math.ceil(m), math.ceil(n), max(1, math.ceil(count))
@@ -139,15 +140,76 @@ def shape_efficiency(m: float, n: float, k: float, sms: int, count: float = 1) -
 NORM_BW_FRACTION = 2.02 / 2.98
 
 
-def gemm_time(g: Gemm, rate: float, bw: float, act_bytes: int, hw: HardwareSpec | None = None
-              ) -> float:
-    """Roofline time of ``g``; with a GPU's shape model (``hw.sm_count``), at the rate its
-    shape reaches, plus the kernel's launch cost."""
+def gemm_time(g: Gemm, rate: float, bw: float, act_bytes: int, hw: HardwareSpec | None = None,
+              dtype: str | None = None) -> float:
+    """Roofline time of ``g``. Its rate: the measured one for its shape where the profile
+    has a sweep for ``dtype`` (:func:`shape_fraction`); else, with a GPU's shape model
+    (``hw.sm_count``), the rate its shape reaches, plus the kernel's launch cost; else
+    ``rate``."""
     mem = act_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count
+    measured = shape_fraction(hw, dtype, g.m, g.n, g.k) if hw is not None and dtype else None
+    if measured is not None:
+        launch = hw.kernel_launch * g.count if hw is not None else 0.0
+        return max(g.flops / (rate * measured), mem / bw) + launch
     if hw is None or not hw.sm_count or g.m < 1 or g.n < 1:
         return max(g.flops / rate, mem / bw)
     eff = shape_efficiency(g.m, g.n, g.k, hw.sm_count, g.count)
     return max(g.flops / (rate * eff), mem / bw) + hw.kernel_launch * g.count
+
+
+def shape_fraction(hw: HardwareSpec, dtype: str, m: float, n: float, k: float) -> float | None:
+    """The rate a product of this shape reached in ``ptd calibrate``'s sweep, relative to the
+    calibrated matmul rate; None without a sweep for ``dtype``.
+
+    Between measured shapes: inverse-distance weighting (power 2) of the four nearest in
+    ``(log2 m, log2 n, log2 k)``; a measured shape gives its own value. Beyond the sweep the
+    nearest shapes stand for it (no extrapolation)."""
+    table = hw.gemm_shapes_measured.get(dtype) if hw.gemm_shapes_measured else None
+    if not table or m < 1 or n < 1 or k < 1:
+        return None
+    pts = _parsed_sweep(tuple(sorted(table.items())))
+    x = (math.log2(m), math.log2(n), math.log2(k))
+    near = sorted(((sum((a - b) ** 2 for a, b in zip(x, p)), r) for p, r in pts))[:4]
+    if near[0][0] < 1e-12:
+        return near[0][1]
+    w = [1.0 / d for d, _ in near]
+    return sum(wi * r for wi, (_, r) in zip(w, near)) / sum(w)
+
+
+@lru_cache(maxsize=64)
+def _parsed_sweep(items: tuple[tuple[str, float], ...]
+                  ) -> list[tuple[tuple[float, ...], float]]:
+    return [(tuple(math.log2(int(d)) for d in key.split("x")), float(r)) for key, r in items]
+
+
+def overlap_loss(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: int, tp: int,
+                 dtype: str, rate: float, bw: float, block: "BlockTime") -> float:
+    """Seconds of computation lost per second that a collective runs beside it.
+
+    A running collective holds ``hw.comm_sms`` multiprocessors, so the block's linear
+    products run on the rest: fewer multiprocessors, and the shape model's waves over
+    them. Over an overlapped second the products advance ``1/r`` of a second of work (``r``
+    their slowdown), so the step gains ``1 - 1/r`` of a second, times the products' share of
+    the block's forward and backward time. Attention and memory-bound kernels are taken as
+    unaffected (they are bound by bandwidth or by their own tiles, not measured here)."""
+    if not hw.sm_count or not hw.comm_sms:
+        return 0.0
+    ab = DTYPE_BYTES[dtype]
+    lin, _ = block_gemms(model, seq_len * micro_batch, seq_len, micro_batch, tp)
+    # the products' time alone and beside a collective (in units of the large-matmul rate)
+    full = sum(g.flops / busy_rate(g, hw.sm_count, 0) for g in lin)
+    slow = sum(g.flops / busy_rate(g, hw.sm_count, hw.comm_sms) for g in lin)
+    share = min(1.0, 3 * sum(gemm_time(g, rate, bw, ab, hw, dtype) for g in lin)
+                / max(block.forward + block.backward, 1e-30))
+    return (1.0 - full / slow) * share
+
+
+def busy_rate(g: Gemm, sms: int, busy: int) -> float:
+    """Rate of ``g`` while ``busy`` of the device's ``sms`` multiprocessors are taken, as a
+    fraction of the large-matmul rate of the whole device: the free multiprocessors' share
+    times the shape efficiency of waves over them."""
+    free = sms - busy
+    return free / sms * shape_efficiency(g.m, g.n, g.k, free, g.count)
 
 
 def block_gemms(model: ModelSpec, tokens: int, seq_len: int, micro_batch: int, tp: int
@@ -243,7 +305,7 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
     overhead = hw.op_overhead if overhead is None else overhead
     tokens = seq_len * micro_batch
     lin, attn = block_gemms(model, tokens, seq_len, micro_batch, tp)
-    t_lin = sum(gemm_time(g, rate, bw, ab, hw) for g in lin)
+    t_lin = sum(gemm_time(g, rate, bw, ab, hw, dtype) for g in lin)
     ew = elementwise_bytes_fwd(model, tokens, tp, sp, ab) / bw
     gpu_kernels = bool(hw.sm_count)  # the measured kernel bandwidths are a GPU's
     if gpu_kernels:  # the two norms (4h bytes per token of the total) run slower than a copy
@@ -255,7 +317,7 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
         t_attn = max(flops / (rate * hw.attention_efficiency), io / bw)
         t_attn_bwd = max(2.5 * flops / (rate * hw.attention_efficiency), 2 * io / bw)
     else:
-        t_attn = (sum(gemm_time(g, rate, bw, ab, hw) for g in attn)
+        t_attn = (sum(gemm_time(g, rate, bw, ab, hw, dtype) for g in attn)
                   + scores_bytes_fwd(model, seq_len, micro_batch, tp, ab) / bw)
         t_attn_bwd = 2 * t_attn
     ops = block_ops(model)
@@ -267,7 +329,7 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
         bwd += db * dtensor_overhead
     down = lin[-1]  # the block's last product (per expert for MoE)
     return BlockTime(forward=fwd, backward=bwd, attention_forward=t_attn,
-                     last_matmul_forward=gemm_time(down, rate, bw, ab, hw) + overhead)
+                     last_matmul_forward=gemm_time(down, rate, bw, ab, hw, dtype) + overhead)
 
 
 def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype: str,
@@ -283,10 +345,10 @@ def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype:
     loss_bytes = 5 * 4 * tokens * model.vocab_size / tp
     norm_bytes = 2 * ab * tokens * model.hidden
     of, ob = output_ops(model)
-    fwd = dispatch_floor(gemm_time(g, rate, bw, ab, hw) + (0.5 * loss_bytes + norm_bytes) / bw
-                         + of * overhead, of, hw)
-    bwd = dispatch_floor(2 * gemm_time(g, rate, bw, ab, hw) + (0.5 * loss_bytes + 2 * norm_bytes)
-                         / bw + ob * overhead, ob, hw)
+    t_out = gemm_time(g, rate, bw, ab, hw, dtype)
+    fwd = dispatch_floor(t_out + (0.5 * loss_bytes + norm_bytes) / bw + of * overhead, of, hw)
+    bwd = dispatch_floor(2 * t_out + (0.5 * loss_bytes + 2 * norm_bytes) / bw + ob * overhead,
+                         ob, hw)
     if tp > 1 and dtensor_overhead:
         _, (df, db) = tp_dtensor_ops(model, sp)
         fwd += df * dtensor_overhead

@@ -52,6 +52,7 @@ from ..specs.hardware import DTYPE_BYTES
 from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
 from . import params as P
+from .memo import memo
 
 Convention = Literal["ptd", "zero"]
 ZERO2_BUCKET_BYTES = 25 * 1024 * 1024  # ptd.runtime.parallel.zero2.BUCKET_BYTES
@@ -125,7 +126,7 @@ def model_state_elements(model: ModelSpec, plan: ParallelPlan, pp_rank: int,
     return ModelStates(full, full, full)
 
 
-@P.memo_by_model
+@memo
 def _max_state_elements(model: ModelSpec, key: tuple) -> ModelStates:
     """Element counts of the rank with the most model-state bytes. ``key``: the layout
     (:func:`ptd.cost.params.layout_plan`), tp, dp and ZeRO stage -- all they depend on."""
@@ -257,14 +258,14 @@ def _in_flight(p: int, m: int, v: int, schedule: str, pp_rank: int) -> float:
     return chunks / v
 
 
-@P.memo_by_model
+@memo
 def _held_layers(model: ModelSpec, layout: tuple, m: int, v: int, schedule: str
                  ) -> tuple[tuple[float, ...], float | None]:
     """Per pipeline rank, micro-batches in flight times blocks held (what multiplies one
     block's activation bytes), and the largest of these over the ranks that hold neither the
     embeddings nor the output layer (None if there are none)."""
     p = layout[0]
-    layers = P.rank_layers_of(model, layout)
+    layers = P.layout_layers(model, layout)
     first, last = P.ends_of(layout)
     held = tuple(_in_flight(p, m, v, schedule, r) * layers[r] for r in range(p))
     plain = [h for r, h in enumerate(held) if r != first and r != last]

@@ -18,18 +18,15 @@ memory predicted from here is the memory measured, byte for byte:
 
 from __future__ import annotations
 
-import functools
 import heapq
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable, TypeVar
 
 from . import moe as moe_cost
 from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
-
-T = TypeVar("T")
+from .memo import memo
 
 
 @dataclass(frozen=True)
@@ -55,36 +52,7 @@ def _numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
-def memo_by_model(fn: Callable[..., T] | None = None, *, maxsize: int = 16384) -> Any:
-    """Remember ``fn(model, *args)`` by the model's identity and the other arguments.
-
-    ``functools.lru_cache`` hashes its arguments on every call, and hashing a
-    :class:`ModelSpec` (twenty fields) costs more than most of what is remembered here; an
-    ``id`` costs nothing. Each entry keeps its model alive, so an id is never reused while
-    its entry exists; the memo is emptied when it reaches ``maxsize`` entries.
-    """
-    def decorate(f: Callable[..., T]) -> Callable[..., T]:
-        memo: dict[tuple, tuple] = {}
-
-        @functools.wraps(f)
-        def wrapper(model: ModelSpec, *args: Any) -> T:
-            key = (id(model),) + args
-            hit = memo.get(key)
-            if hit is not None and hit[0] is model:
-                return hit[1]
-            if len(memo) >= maxsize:
-                memo.clear()
-            value = f(model, *args)
-            memo[key] = (model, value)
-            return value
-
-        wrapper.cache_clear = memo.clear  # type: ignore[attr-defined]
-        return wrapper
-
-    return decorate(fn) if fn is not None else decorate
-
-
-@memo_by_model
+@memo
 def layer_params(model: ModelSpec) -> tuple[Param, ...]:
     """The tensors of one transformer block, in the runtime's registration order."""
     h, q, kv = model.hidden, model.q_dim, model.kv_dim
@@ -138,7 +106,7 @@ def _moe_params(model: ModelSpec) -> list[Param]:
     return out
 
 
-@memo_by_model
+@memo
 def first_stage_params(model: ModelSpec) -> tuple[Param, ...]:
     """Embeddings (on the first pipeline stage)."""
     out = [Param("tok_embeddings.weight", (model.vocab_size, model.hidden), 0, False)]
@@ -147,7 +115,7 @@ def first_stage_params(model: ModelSpec) -> tuple[Param, ...]:
     return tuple(out)
 
 
-@memo_by_model
+@memo
 def last_stage_params(model: ModelSpec, separate_output: bool) -> tuple[Param, ...]:
     """Final norm and output layer (on the last stage). ``separate_output``: the output
     matrix is a tensor of its own (untied, or tied but on another stage than the embedding)."""
@@ -182,7 +150,7 @@ def _output_cost(model: ModelSpec) -> float:
     return 6.0 * model.vocab_size * model.hidden
 
 
-@memo_by_model
+@memo
 def stage_split(model: ModelSpec, n_stages: int, seq_len: int,
                 balanced: bool = False) -> tuple[int, ...]:
     """Layers per virtual stage, contiguous.
@@ -227,12 +195,9 @@ def stage_split(model: ModelSpec, n_stages: int, seq_len: int,
     return tuple(best)
 
 
-def _layout_key(plan: ParallelPlan) -> tuple[int, int, bool, int, bool]:
+def layout_key(plan: ParallelPlan) -> tuple[int, int, bool, int, bool]:
     """The fields that decide which layers sit on which pipeline rank."""
     return (plan.pp, plan.n_stages, _is_v(plan), plan.seq_len, plan.uneven_stages)
-
-
-layout_key = _layout_key
 
 
 def layout_plan(key: tuple[int, int, bool, int, bool], **fields: int) -> ParallelPlan:
@@ -246,12 +211,14 @@ def layout_plan(key: tuple[int, int, bool, int, bool], **fields: int) -> Paralle
         sched = "interleaved-1f1b" if vpp > 1 else "1f1b"
     plan = ParallelPlan(pp=pp, vpp=vpp, schedule=sched, seq_len=seq_len,  # type: ignore[arg-type]
                         uneven_stages=balanced, **fields)
-    assert _layout_key(plan) == key
+    assert layout_key(plan) == key
     return plan
 
 
-@memo_by_model
-def _rank_layers(model: ModelSpec, key: tuple[int, int, bool, int, bool]) -> tuple[int, ...]:
+@memo
+def layout_layers(model: ModelSpec, key: tuple[int, int, bool, int, bool]) -> tuple[int, ...]:
+    """Transformer blocks on each pipeline rank, in rank order, of the layout ``key``
+    (:func:`layout_key`)."""
     pp, n_stages, v_shape, seq_len, balanced = key
     split = stage_split(model, n_stages, seq_len, balanced)
     per_rank = [0] * pp
@@ -261,25 +228,15 @@ def _rank_layers(model: ModelSpec, key: tuple[int, int, bool, int, bool]) -> tup
     return tuple(per_rank)
 
 
-def rank_layers(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> int:
-    """Transformer blocks held by pipeline rank ``pp_rank``."""
-    return _rank_layers(model, _layout_key(plan))[pp_rank]
-
-
 def layers_per_rank(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
-    """:func:`rank_layers` of every pipeline rank, in rank order."""
-    return _rank_layers(model, _layout_key(plan))
+    """Transformer blocks held by each pipeline rank of ``plan``, in rank order."""
+    return layout_layers(model, layout_key(plan))
 
 
-def rank_layers_of(model: ModelSpec, key: tuple[int, int, bool, int, bool]) -> tuple[int, ...]:
-    """:func:`layers_per_rank` from a :func:`layout_key`."""
-    return _rank_layers(model, key)
-
-
-@memo_by_model
+@memo
 def _widest_plain_rank(model: ModelSpec, key: tuple[int, int, bool, int, bool]) -> int | None:
     first, last = ends_of(key)
-    layers = _rank_layers(model, key)
+    layers = layout_layers(model, key)
     best = None
     for r in range(key[0]):
         if r != first and r != last and (best is None or layers[r] > layers[best]):
@@ -291,7 +248,7 @@ def heaviest_rank_candidates(model: ModelSpec, plan: ParallelPlan) -> tuple[int,
     """In rank order, the pipeline ranks that can be the slowest: the first (embeddings), the
     last (output layer), and the earliest of the others holding the most blocks (the others
     differ only in their block count, so none of them can be slower)."""
-    key = _layout_key(plan)
+    key = layout_key(plan)
     first, last = ends_of(key)
     plain = _widest_plain_rank(model, key)
     return tuple(sorted({first, last} | ({plain} if plain is not None else set())))
@@ -308,7 +265,7 @@ def rank_params(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> list[Para
     out: list[Param] = []
     if pp_rank == first_rank:
         out += first_stage_params(model)
-    out += list(layer_params(model)) * rank_layers(model, plan, pp_rank)
+    out += list(layer_params(model)) * layers_per_rank(model, plan)[pp_rank]
     if pp_rank == last_rank:
         separate = not model.tied_embeddings or first_rank != last_rank
         out += last_stage_params(model, separate)
@@ -320,7 +277,7 @@ def _numel_of(params: tuple[Param, ...], tp: int) -> int:
     return sum(_numel(p.local_shape(tp)) for p in params)
 
 
-@memo_by_model
+@memo
 def block_numel(model: ModelSpec, tp: int) -> int:
     """Parameters of one block on one tp rank."""
     return _numel_of(layer_params(model), tp)
@@ -329,23 +286,23 @@ def block_numel(model: ModelSpec, tp: int) -> int:
 def local_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> int:
     """Parameters on one rank after tensor-parallel and expert-parallel splitting (before any
     ZeRO sharding)."""
-    n = _local_numels(model, _layout_key(plan), plan.tp)[pp_rank]
-    return n - moe_cost.ep_missing_numel(model, plan.ep) * rank_layers(model, plan, pp_rank)
+    n = _local_numels(model, layout_key(plan), plan.tp)[pp_rank]
+    return n - moe_cost.ep_missing_numel(model, plan.ep) * layers_per_rank(model, plan)[pp_rank]
 
 
 def ends_of(key: tuple[int, int, bool, int, bool]) -> tuple[int, int]:
-    """:func:`_ends` from a :func:`_layout_key` (the first stage is always on rank 0)."""
+    """:func:`_ends` from a :func:`layout_key` (the first stage is always on rank 0)."""
     pp, n_stages, v_shape = key[:3]
     last = n_stages - 1
     return 0, ((last if last < pp else 2 * pp - 1 - last) if v_shape else last % pp)
 
 
-@memo_by_model
+@memo
 def _local_numels(model: ModelSpec, key: tuple[int, int, bool, int, bool], tp: int) -> tuple[int, ...]:
     """:func:`local_numel` of every pipeline rank (memoised: the planner asks for the same
     layout under many micro-batch, ZeRO and recompute settings)."""
     first_rank, last_rank = ends_of(key)
-    layers = _rank_layers(model, key)
+    layers = layout_layers(model, key)
     out = []
     for r in range(key[0]):
         n = block_numel(model, tp) * layers[r]
@@ -362,7 +319,7 @@ def max_local_numel(model: ModelSpec, plan: ParallelPlan) -> int:
     """:func:`local_numel` of the pipeline rank with the most parameters."""
     if plan.ep > 1:
         return max(local_numel(model, plan, r) for r in range(plan.pp))
-    return max(_local_numels(model, _layout_key(plan), plan.tp))
+    return max(_local_numels(model, layout_key(plan), plan.tp))
 
 
 @lru_cache(maxsize=8192)
@@ -373,10 +330,10 @@ def _fsdp_numel_of(params: tuple[Param, ...], tp: int, dp: int, dp_rank: int) ->
 def rank_fsdp_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int, dp_rank: int) -> int:
     """:func:`fsdp_numel` of :func:`rank_params` on ``pp_rank`` (every tensor is chunked on
     its own, so the sum goes block by block)."""
-    key = _layout_key(plan)
+    key = layout_key(plan)
     first_rank, last_rank = ends_of(key)
     tp, dp = plan.tp, plan.dp
-    n = _fsdp_numel_of(layer_params(model), tp, dp, dp_rank) * _rank_layers(model, key)[pp_rank]
+    n = _fsdp_numel_of(layer_params(model), tp, dp, dp_rank) * layout_layers(model, key)[pp_rank]
     if pp_rank == first_rank:
         n += _fsdp_numel_of(first_stage_params(model), tp, dp, dp_rank)
     if pp_rank == last_rank:
@@ -388,9 +345,9 @@ def rank_fsdp_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int, dp_rank:
 def rank_signature(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> tuple[int, bool, bool]:
     """``(blocks, holds the embeddings, holds the output layer)`` of a pipeline rank: ranks
     with the same signature hold the same tensors."""
-    key = _layout_key(plan)
+    key = layout_key(plan)
     first_rank, last_rank = ends_of(key)
-    return _rank_layers(model, key)[pp_rank], pp_rank == first_rank, pp_rank == last_rank
+    return layout_layers(model, key)[pp_rank], pp_rank == first_rank, pp_rank == last_rank
 
 
 def rank_zero1_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> tuple[int, ...]:
@@ -401,7 +358,7 @@ def rank_zero1_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> tupl
     return _rank_zero1(model, nl, first, last, separate, plan.tp, plan.dp)
 
 
-@memo_by_model(maxsize=1024)  # entries hold one number per dp rank
+@memo(maxsize=1024)  # entries hold one number per dp rank
 def _rank_zero1(model: ModelSpec, nl: int, first: bool, last: bool, separate: bool, tp: int,
                 dp: int) -> tuple[int, ...]:
     params: list[Param] = []

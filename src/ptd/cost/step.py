@@ -41,6 +41,7 @@ from . import context as CX
 from . import params as P
 from .memory import ZERO2_BUCKET_BYTES
 from .comm import collective_time
+from .memo import memo
 from .ps import dp_ps_time
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
@@ -74,6 +75,10 @@ class StepBreakdown:
     cp_comm: float = 0.0
     """Context-parallel K/V exchange not hidden behind attention (:mod:`.context`)."""
     cp_comm_total: float = 0.0
+    overlap: float = 0.0
+    """Computation lost to collectives running beside it: data-parallel and context-parallel
+    communication hidden behind compute takes multiprocessors from it
+    (:func:`ptd.cost.compute.overlap_loss`)."""
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -81,43 +86,15 @@ class StepBreakdown:
     @property
     def largest(self) -> str:
         parts = {k: getattr(self, k) for k in ("compute", "tp_comm", "pp_comm", "dp_comm_exposed",
-                                               "bubble", "optimizer", "ep_comm", "cp_comm")}
+                                               "bubble", "optimizer", "ep_comm", "cp_comm", "overlap")}
         return max(parts, key=parts.get)  # type: ignore[arg-type]
 
 
-_MEMO: dict[tuple, tuple] = {}
-
-
-def _memo(fn, model: ModelSpec, hw, *args):  # type: ignore[no-untyped-def]
-    """``fn(model, hw, *args)``, remembered. Hardware specs hold dicts (unhashable), so the
-    key uses object identity, and the entry keeps both objects alive (an id is never reused
-    while its entry exists)."""
-    key = (fn, id(model), id(hw)) + args
-    hit = _MEMO.get(key)
-    if hit is not None and hit[0] is model and hit[1] is hw:
-        return hit[2]
-    if len(_MEMO) >= 8192:
-        _MEMO.clear()
-    value = fn(model, hw, *args)
-    _MEMO[key] = (model, hw, value)
-    return value
-
-
-_COLL: dict[tuple, tuple] = {}
-
-
-def _coll(kind: str, nbytes: float, n: int, hw, nodes: int = 1,  # type: ignore[no-untyped-def]
-          per_node: int | None = None) -> float:
-    """:func:`collective_time`, remembered (by the hardware's identity, as :func:`_memo`)."""
-    key = (kind, nbytes, n, id(hw), nodes, per_node)
-    hit = _COLL.get(key)
-    if hit is not None and hit[0] is hw:
-        return hit[1]
-    if len(_COLL) >= 16384:
-        _COLL.clear()
-    value = collective_time(kind, nbytes, n, hw, nodes, per_node)
-    _COLL[key] = (hw, value)
-    return value
+# the compute model's pure functions, remembered by the identity of the model and hardware
+_block_time = memo(C.block_time, identity=(0, 1))
+_output_time = memo(C.output_time, identity=(0, 1))
+_overlap_loss = memo(C.overlap_loss, identity=(0, 1))
+_coll = memo(collective_time, identity=(3,))  # (kind, nbytes, n, hw, nodes, per_node)
 
 
 def _group(plan: ParallelPlan, cluster: ClusterSpec, axis: str) -> tuple[int, int, int]:
@@ -166,9 +143,9 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     tokens = s * mb
     bw, ovh = cluster.memory_bandwidth, cluster.op_overhead
     dt_ovh = (cluster.overhead("dtensor_op") or 0.0) if plan.tp > 1 else 0.0
-    blk = _memo(C.block_time, model, hw, s, mb, plan.tp, plan.sp, plan.dtype, rate, attention, bw,
+    blk = _block_time(model, hw, s, mb, plan.tp, plan.sp, plan.dtype, rate, attention, bw,
                 ovh, dt_ovh)
-    out_f, out_b = _memo(C.output_time, model, hw, tokens, plan.tp, plan.dtype, rate, bw, ovh,
+    out_f, out_b = _output_time(model, hw, tokens, plan.tp, plan.dtype, rate, bw, ovh,
                          dt_ovh, plan.sp)
 
     # tensor-parallel collectives, per block and per micro-batch: alpha-beta times and counts
@@ -315,13 +292,17 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     compute = m * (f + b + rc)
     tp_comm = m * (tf + tb) + tp_step
     ep_comm = _ep_time(model, plan, cluster, nl, rate, moe_imbalance)
+    # hidden communication is not free: it slows the computation it hides behind
+    hidden = max(0.0, dp_total - dp_exposed) if dp_overlap else 0.0
+    hidden += m * max(0.0, cpt.comm_total - cpt.comm_exposed)
+    overlap = hidden * _overlap_loss(model, hw, s, mb, plan.tp, plan.dtype, rate, bw, blk)
     total = (compute + tp_comm + pp_comm + bubble + dp_exposed + optimizer + ep_comm
-             + m * cpt.comm_exposed)
+             + m * cpt.comm_exposed + overlap)
     return StepBreakdown(total=total, compute=compute, tp_comm=tp_comm, pp_comm=pp_comm,
                          dp_comm_exposed=dp_exposed, bubble=bubble, optimizer=optimizer,
                          forward=m * f, backward=m * b, recompute=m * rc, dp_comm_total=dp_total,
                          ep_comm=ep_comm, cp_comm=m * cpt.comm_exposed,
-                         cp_comm_total=m * cpt.comm_total)
+                         cp_comm_total=m * cpt.comm_total, overlap=overlap)
 
 
 def _ep_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, layers: int, rate: float,

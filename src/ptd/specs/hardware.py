@@ -101,6 +101,10 @@ class HardwareSpec:
     kernel_launch: float = 0.0
     """Seconds a matmul kernel costs beyond its work when launched back to back (measured:
     10.5 us on an H100 from PyTorch); used with the shape model."""
+    comm_sms: int = 0
+    """Multiprocessors a running collective occupies (NCCL launches one thread block per
+    channel). Products that run beside an overlapped collective get the rest, with the shape
+    model's wave quantisation over fewer multiprocessors; 0: overlap costs nothing."""
     host_bandwidth: float = 25 * G
     """Device-host link (PCIe) bytes/s, used for CPU offload."""
     memory_reserved: float = 0.0
@@ -113,6 +117,12 @@ class HardwareSpec:
     gemm_flops_measured: dict[str, dict[int, float]] = field(default_factory=dict)
     """From ``ptd calibrate``: achieved matmul FLOP/s per worker, by dtype, then by how many
     workers ran at once on the node (cores and memory are shared). Overrides peak*efficiency."""
+    gemm_shapes_measured: dict[str, dict[str, float]] = field(default_factory=dict)
+    """From ``ptd calibrate``: the rate each product shape ``"MxNxK"`` ((m x k) @ (k x n))
+    reached, by dtype, relative to the matmul rate ``R`` of ``gemm_flops_measured`` at the
+    same worker count (may exceed 1). Where present, each product of the cost model runs at
+    ``R`` times its shape's value (:func:`ptd.cost.compute.shape_fraction`), instead of the
+    shape model or ``R`` itself."""
     memory_bandwidth_measured: dict[int, float] = field(default_factory=dict)
     """From ``ptd calibrate``: achieved copy bandwidth per worker (bytes/s) by workers at once.
     Overrides memory_bandwidth*memory_efficiency."""
@@ -330,7 +340,7 @@ def _gpu(name: str, *, fp32: float, tf32: float, bf16: float, fp8: float | None,
          mem_eff: float = 0.9, mem_src: str = "assumed: large copies reach ~90% of HBM bandwidth",
          attn_peak_frac: float = 0.5, attn_src: str = "assumed: no published fused-attention rate",
          pcie: float = 25 * G, node: int = 8, spec_src: str = "vendor datasheet",
-         sms: int = 0) -> HardwareSpec:
+         sms: int = 0, comm_sms: int = 0, comm_sms_src: str = "") -> HardwareSpec:
     peak = {"fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": bf16}
     if fp8:
         peak["fp8"] = fp8
@@ -341,6 +351,7 @@ def _gpu(name: str, *, fp32: float, tf32: float, bf16: float, fp8: float | None,
         memory_reserved=2 * GiB,
         attention_efficiency=min(1.0, attn_peak_frac / gemm_eff),
         host_bandwidth=pcie, sm_count=sms, kernel_launch=_LAUNCH if sms else 0.0,
+        comm_sms=comm_sms,
         sparse_peak_flops={k: 2 * v for k, v in peak.items() if k in ("tf32", "bf16", "fp16", "fp8")},
         sources={"peaks": spec_src, "gemm_efficiency": gemm_src, "memory_efficiency": mem_src,
                  "attention_efficiency": attn_src,
@@ -350,8 +361,18 @@ def _gpu(name: str, *, fp32: float, tf32: float, bf16: float, fp8: float | None,
                  "sm_count": (f"{sms} SMs, vendor datasheet; shape model: tile shapes of the "
                               "cuBLAS kernels seen on an H100 (docs/gpu-h100.md)") if sms else
                              "no matmul shape model (tile shapes of this device not examined)",
-                 "kernel_launch": _LAUNCH_SRC if sms else "not modelled"})
+                 "kernel_launch": _LAUNCH_SRC if sms else "not modelled",
+                 "comm_sms": comm_sms_src or "not modelled: overlapped communication is free"})
 
+
+# One NCCL collective beside a matmul: an Nsight Systems trace on an H100 (132 SMs) shows
+# ncclAllGather running 24 thread blocks while the product waits for them (NVIDIA developer
+# forum, "Compute-communication overlap causes severe GEMM performance degradation because
+# of tail effect", 2025: forums.developer.nvidia.com/t/337991).
+_COMM_SMS_H100 = ("measured by others: ncclAllGather runs 24 thread blocks on an H100 beside a "
+                  "GEMM (Nsight Systems; NVIDIA developer forum thread 337991, 2025)")
+_COMM_SMS_A100 = ("assumed: the H100 figure (24 blocks); NCCL logs of 8-GPU A100 NVSwitch nodes "
+                  "show 20+ collective channels (NVIDIA/Megatron-LM#516)")
 
 _LAUNCH = 10.5e-6
 _LAUNCH_SRC = ("measured: 10.5 us per kernel launched back to back from PyTorch on an H100 80GB "
@@ -370,22 +391,25 @@ PRESETS: dict[str, HardwareSpec] = {
         # 200 Gb/s HDR per GPU (DGX A100).
         _gpu("a100-40g", fp32=19.5 * T, tf32=156 * T, bf16=312 * T, fp8=None, mem_gib=40,
              bw=1555 * G, nvlink=300 * G, nic=25 * G, gemm_eff=267.9 / 312, gemm_src=_MAMF,
-             attn_peak_frac=0.6, attn_src=_FA2_A100, sms=108),
+             attn_peak_frac=0.6, attn_src=_FA2_A100, sms=108, comm_sms=24,
+             comm_sms_src=_COMM_SMS_A100),
         _gpu("a100-80g", fp32=19.5 * T, tf32=156 * T, bf16=312 * T, fp8=None, mem_gib=80,
              bw=2039 * G, nvlink=300 * G, nic=25 * G, gemm_eff=267.9 / 312, gemm_src=_MAMF,
-             attn_peak_frac=0.6, attn_src=_FA2_A100, sms=108),
+             attn_peak_frac=0.6, attn_src=_FA2_A100, sms=108, comm_sms=24,
+             comm_sms_src=_COMM_SMS_A100),
         # H100 SXM5: 989 TFLOP/s bf16 dense (1979 sparse); HBM3 3.35 TB/s; NVLink4 900 GB/s
         # (450 each way); 400 Gb/s NDR per GPU. MAMF 792.1; one reading here: an 8192^3
         # bf16 matmul at ~798 TFLOP/s and a device copy at ~3.0 TB/s (0.9 of HBM).
         _gpu("h100-sxm", fp32=67 * T, tf32=494.7 * T, bf16=989.4 * T, fp8=1978.9 * T, mem_gib=80,
              bw=3350 * G, nvlink=450 * G, nic=50 * G, gemm_eff=792.1 / 989.4, gemm_src=_MAMF,
              mem_eff=3.0 / 3.35, mem_src="measured: device-to-device copy ~3.0 TB/s on H100 SXM",
-             attn_peak_frac=0.35, attn_src=_FA2_H100, pcie=55 * G, sms=132),
+             attn_peak_frac=0.35, attn_src=_FA2_H100, pcie=55 * G, sms=132, comm_sms=24,
+             comm_sms_src=_COMM_SMS_H100),
         # H200 SXM: H100 compute with 141 GB HBM3e at 4.8 TB/s.
         _gpu("h200", fp32=67 * T, tf32=494.7 * T, bf16=989.4 * T, fp8=1978.9 * T, mem_gib=141,
              bw=4800 * G, nvlink=450 * G, nic=50 * G, gemm_eff=794.5 / 989.4,
              gemm_src=_MAMF + " (H100/H200 row)", attn_peak_frac=0.35, attn_src=_FA2_H100,
-             pcie=55 * G, sms=132),
+             pcie=55 * G, sms=132, comm_sms=24, comm_sms_src=_COMM_SMS_H100),
         # B200 (HGX): 2.25 PFLOP/s bf16 dense; 180 GB usable HBM3e at 8 TB/s; NVLink5
         # 1.8 TB/s (900 each way); 400 Gb/s per GPU.
         _gpu("b200", fp32=75 * T, tf32=1100 * T, bf16=2250 * T, fp8=4500 * T, mem_gib=180,
@@ -476,6 +500,13 @@ def hardware_from_dict(d: dict[str, Any], name: str = "custom") -> HardwareSpec:
                 d[k] = {int(n): _number(v) for n, v in d[k].items()}
     except (TypeError, ValueError, AttributeError):
         raise PtdError(f"{name}: measured tables want workers = number (e.g. 1 = 2.5e10)") from None
+    if "gemm_shapes_measured" in d:
+        try:
+            d["gemm_shapes_measured"] = {dt: {str(k): _number(r) for k, r in t.items()}
+                                         for dt, t in d["gemm_shapes_measured"].items()}
+        except (TypeError, ValueError, AttributeError):
+            raise PtdError(f"{name}: gemm_shapes_measured must be a table of dtype tables "
+                           '"MxNxK" = number (e.g. fp32."1024x256x64" = 0.8)') from None
     if "blocking_wait_measured" in d:
         try:
             d["blocking_wait_measured"] = {

@@ -142,6 +142,11 @@ def check_hardware(hw: Any) -> None:
         positive(w, f"peak_flops.{dt}", v)
     for f in ("memory_bytes", "memory_bandwidth", "host_bandwidth"):
         positive(w, f, getattr(hw, f))
+    if not 0 <= hw.sm_count <= 2**20:
+        raise PtdError(f"{w}sm_count must be in 0..2**20, got {hw.sm_count!r}")
+    if hw.comm_sms and not 0 <= hw.comm_sms < hw.sm_count:
+        raise PtdError(f"{w}comm_sms must be >= 0 and below sm_count ({hw.sm_count}), "
+                       f"got {hw.comm_sms!r}")
     if not 1 <= hw.devices_per_node <= 2**20:
         raise PtdError(f"{w}devices_per_node must be in 1..2**20, got {hw.devices_per_node!r}")
     for table in ("gemm_flops_measured", "overheads_measured"):
@@ -153,6 +158,15 @@ def check_hardware(hw: Any) -> None:
                     w, f"{table}.{key}[{n}]", v)
     for n, v in hw.memory_bandwidth_measured.items():
         positive(w, f"memory_bandwidth_measured[{n}]", v)
+    for dt, shapes in hw.gemm_shapes_measured.items():
+        if not isinstance(shapes, dict):
+            raise PtdError(f"{w}gemm_shapes_measured.{dt} must be a table of \"MxNxK\" = FLOP/s")
+        for key, v in shapes.items():
+            dims = str(key).split("x")
+            if len(dims) != 3 or not all(d.isdigit() and 0 < int(d) <= 2**24 for d in dims):
+                raise PtdError(f"{w}gemm_shapes_measured.{dt}: shape {key!r} is not MxNxK "
+                               "(positive integers, e.g. \"1024x256x64\")")
+            positive(w, f"gemm_shapes_measured.{dt}[{key}]", v)
     for n, v in hw.op_overhead_measured.items():
         _nonneg(w, f"op_overhead_measured[{n}]", v)
     for tables in (hw.gemm_flops_measured.values(), hw.overheads_measured.values(),

@@ -67,11 +67,12 @@ def _cpu_name() -> str:
 
 
 def calibrate(workers: list[int], dtypes: list[str], quick: bool, base: str, name: str,
-              info: dict[str, Any], on_tick: Callable[[str], None] = lambda s: None
-              ) -> dict[str, Any]:
-    """Measure; return ``{"hardware": table, "meta": ..., "summary": ...}`` (validated)."""
+              info: dict[str, Any], on_tick: Callable[[str], None] = lambda s: None,
+              model_shapes: list[tuple[int, int, int]] | None = None) -> dict[str, Any]:
+    """Measure; return ``{"hardware": table, "meta": ..., "summary": ...}`` (validated).
+    ``model_shapes``: a model's products (m, n, k), swept beside the default shapes."""
     import torch
-    plan = make_plan(workers, dtypes, quick, info["device"])
+    plan = make_plan(workers, dtypes, quick, info["device"], model_shapes)
     load = _loadavg()
     t0 = time.monotonic()
     results = run_workers(plan, on_tick)

@@ -155,6 +155,10 @@ def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
                 break  # larger sizes would take too long (bf16 on a CPU without bf16 units)
         out["gemm"][dt] = res
         tick(f"matmul {dt} x{n}")
+    if plan.get("gemm_shapes") and n == plan["workers"][0]:
+        out["gemm_shapes"] = {dt: gemm_shapes(plan, dt, device, sync) for dt in plan["dtypes"]}
+        for dt in plan["dtypes"]:
+            tick(f"matmul shapes {dt}")
 
     out["memory"] = _memory(plan["mem_bytes"] // 4, device, sync, T, rep)
     tick(f"memory x{n}")
@@ -185,6 +189,22 @@ def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
         out["attention"][dt] = res
         tick(f"attention {dt} x{n}")
     return out
+
+
+def gemm_shapes(plan: dict, dt: str, device: torch.device, sync: Sync) -> dict[str, float]:
+    """Seconds per product for each shape of the sweep (one ``(m x k) @ (k x n)`` a call),
+    smallest first, until a call takes longer than ``max_call_s`` (bf16 on a CPU without
+    bf16 units would take minutes over the whole sweep)."""
+    res: dict[str, float] = {}
+    for m, n, k in plan["gemm_shapes"]:
+        a = torch.randn(m, k, device=device).to(DTYPES[dt])
+        b = torch.randn(k, n, device=device).to(DTYPES[dt])
+        c = torch.empty(m, n, device=device, dtype=DTYPES[dt])
+        res[f"{m}x{n}x{k}"] = t = sync.time(lambda: torch.mm(a, b, out=c), plan["window_s"],
+                                           plan["repeats"])
+        if sync.agree(t > plan["max_call_s"]):
+            break
+    return res
 
 
 def _collective(kind: str, nbytes: int, g: int, rank: int, pg: Any,

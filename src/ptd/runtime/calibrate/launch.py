@@ -21,9 +21,11 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"
 KiB, MiB = 2**10, 2**20
 
 
-def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str) -> dict:
+def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
+              model_shapes: list[tuple[int, int, int]] | None = None) -> dict:
     """Sizes, windows and repeats: the default calibration is ~1.5 minutes on a 2-core CPU,
-    ``quick`` ~15 s."""
+    ``quick`` ~15 s. ``model_shapes``: products (m, n, k) of a model, measured beside the
+    sweep."""
     cuda = device == "cuda"
     # pipeline send/recv is always between pairs, so 2 is measured whenever it can be
     group_sizes = sorted({n for n in workers if n >= 2} | ({2} if max(workers) >= 2 else set()))
@@ -51,16 +53,38 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str) -
     # the blocking all-reduce: the default CPU model's tensor-parallel activation (4 x 256
     # tokens x 256 hidden, fp32)
     return dict(p, device=device, workers=sorted(set(workers)), dtypes=list(dtypes),
+                gemm_shapes=gemm_sweep(cuda, quick, model_shapes),
                 blocking_bytes=MiB,
                 gemm_sizes=gemm, attn_shapes=attn, coll_sizes=coll, kinds=list(KINDS),
                 group_sizes=group_sizes)
+
+
+def gemm_sweep(cuda: bool, quick: bool, extra: list[tuple[int, int, int]] | None = None
+               ) -> list[tuple[int, int, int]]:
+    """Product shapes (m, n, k) whose rates go to the profile's ``gemm_shapes_measured``,
+    smallest first (a worker stops where one call takes too long): on a GPU m, n, k each
+    over 256..16384; on a CPU tokens 256..4096 against widths 64..1024. ``quick`` (the
+    first-run calibration) measures none, unless a model's shapes are given."""
+    if quick:
+        grid: list[tuple[int, int, int]] = []
+    elif cuda:
+        dims = (256, 1024, 4096, 16384)
+        grid = [(m, n, k) for m in dims for n in dims for k in dims]
+    else:
+        grid = [(m, n, k) for m in (256, 1024, 4096) for n in (64, 256, 1024)
+                for k in (64, 256, 1024)]
+    shapes = set(grid) | {tuple(int(max(1, d)) for d in s) for s in (extra or [])}
+    return sorted(shapes, key=lambda s: (s[0] * s[1] * s[2], s))  # type: ignore[return-value]
 
 
 def stage_labels(plan: dict) -> list[str]:
     """What rank 0 reports as it goes (the progress bar's steps)."""
     out = []
     for n in plan["workers"]:
-        out += [f"matmul {dt} x{n}" for dt in plan["dtypes"]] + [f"memory x{n}"]
+        out += [f"matmul {dt} x{n}" for dt in plan["dtypes"]]
+        if plan.get("gemm_shapes") and n == plan["workers"][0]:
+            out += [f"matmul shapes {dt}" for dt in plan["dtypes"]]
+        out.append(f"memory x{n}")
         if plan["device"] == "cpu":
             out.append(f"overhead x{n}")
         out += [f"attention {dt} x{n}" for dt in plan["dtypes"]]

@@ -96,7 +96,18 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
         missing.update(r.get("missing", {}))
     primary = plan["dtypes"][0]
     ratios = [a["ratio"] for per_n in attention.get(primary, {}).values() for a in per_n.values()]
-    return {"gemm": gemm, "memory": memory, "overhead": overhead, "framework": framework,
+    shapes = {}
+    for r in results:  # the sweep ran on the smallest worker count; its ranks agree on shapes
+        for dt, t in r["compute"].get(str(plan["workers"][0]), {}).get("gemm_shapes", {}).items():
+            for key, sec in t.items():
+                m, n, k = map(int, key.split("x"))
+                shapes.setdefault(dt, {}).setdefault(key, []).append(2.0 * m * n * k / sec)
+    # relative to the fitted rate R at the same worker count, which the cost model scales
+    # to other worker counts
+    w0 = plan["workers"][0]
+    gemm_shapes = {dt: {key: mean(v) / gemm[dt][w0]["rate"] for key, v in t.items()}
+                   for dt, t in shapes.items()}
+    return {"gemm": gemm, "gemm_shapes": gemm_shapes, "memory": memory, "overhead": overhead, "framework": framework,
             "attention": attention,
             "attention_ratio": median(ratios) if ratios else None,
             "attention_dtype": primary, "collectives": collectives, "blocking": blocking,
@@ -130,6 +141,8 @@ def profile_table(summary: dict, base: HardwareSpec, name: str, device: str,
     gemm = summary["gemm"]
     hw["gemm_flops_measured"] = {dt: {str(n): v["rate"] for n, v in t.items()}
                                  for dt, t in gemm.items()}
+    if summary.get("gemm_shapes"):
+        hw["gemm_shapes_measured"] = summary["gemm_shapes"]
     mem = summary["memory"]
     hw["memory_bandwidth_measured"] = {str(n): v["value"] for n, v in mem.items()}
     if device == "cpu":

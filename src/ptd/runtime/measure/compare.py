@@ -82,7 +82,7 @@ def predicted_rank_memory(model: Any, plan: Any, pp_rank: int, dp_rank: int,
 
 def cost_view(parts: dict[str, float], by_phase: dict[str, dict[str, float]], plan: Any
               ) -> dict[str, float]:
-    """A measured breakdown (:class:`~.timeline.StepBreakdown` parts) in the cost model's
+    """A measured breakdown (:class:`~.timeline.MeasuredStep` parts) in the cost model's
     parts (see the module docstring)."""
     g = parts.get
     out = {k: 0.0 for k in STEP_PARTS}

@@ -110,7 +110,7 @@ def is_marker(name: str) -> bool:
 
 
 @dataclass
-class StepBreakdown:
+class MeasuredStep:
     """Seconds of one optimizer step on one rank, by part; ``parts`` sum to ``step``."""
 
     step: float
@@ -163,7 +163,7 @@ def _span_key(name: str) -> str | None:
 
 
 def analyse_step(spans: Sequence[Span], main_thread: int, step: tuple[float, float]
-                 ) -> StepBreakdown:
+                 ) -> MeasuredStep:
     """Break the step interval ``step`` (µs) down from ``spans`` (see the module docstring).
     Returned values are in seconds."""
     s0, s1 = step
@@ -257,17 +257,17 @@ def analyse_step(spans: Sequence[Span], main_thread: int, step: tuple[float, flo
 
     scale = 1e-6
     totals = {k: _length(_union(v), s0, s1) * scale for k, v in comm_spans.items()}
-    return StepBreakdown(step=(s1 - s0) * scale,
+    return MeasuredStep(step=(s1 - s0) * scale,
                          parts={k: v * scale for k, v in parts.items()},
                          comm_total=totals,
                          comm_exposed_by_phase={p: {k: v * scale for k, v in d.items()}
                                                 for p, d in by_phase.items()})
 
 
-def mean_breakdown(steps: Sequence[StepBreakdown]) -> StepBreakdown:
+def mean_breakdown(steps: Sequence[MeasuredStep]) -> MeasuredStep:
     """Average of several steps' breakdowns (part by part)."""
     n = len(steps)
-    out = StepBreakdown(step=sum(s.step for s in steps) / n)
+    out = MeasuredStep(step=sum(s.step for s in steps) / n)
     for s in steps:
         for k, v in s.parts.items():
             out.parts[k] = out.parts.get(k, 0.0) + v / n

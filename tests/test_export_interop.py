@@ -227,3 +227,17 @@ def test_cli_notes_reach_stderr_and_the_launch_is_written_beside(ptd_cli, tmp_pa
     assert rc == 0 and "deepspeed cannot express: schedule interleaved-1f1b" in err
     assert json.loads(out.read_text())["train_batch_size"] == 64
     assert "interleaved-1f1b" in (tmp_path / "ds.launch.sh").read_text()
+
+
+def test_cli_names_what_each_framework_cannot_hold_of_a_moe_plan(ptd_cli, tmp_path):
+    argv = ["plan", "--model", "mixtral-8x7b", "--hardware", "h100-sxm", "--gpus", "64",
+            "--global-batch", "256", "--seq-len", "4096", "--fix",
+            "ep=4,tp=2,pp=4,zero=0,schedule=1f1b"]
+    want = {"deepspeed": "the 8 experts (top-2 routing) and expert parallelism ep 4 have no "
+                         "ds_config key: deepspeed.moe.layer.MoE(",
+            "torchtitan": "mixtral-8x7b has no torchtitan config function: written as qwen3 "
+                          "qwen3_moe_debug; register one with",
+            "megatron": "experts over tp: Megatron shards each expert over tp"}
+    for fw, note in want.items():
+        rc, _, err = ptd_cli(*argv, "--export", fw, "-o", str(tmp_path / fw))
+        assert rc == 0 and f"ptd plan: {fw} cannot express: {note}" in err, err

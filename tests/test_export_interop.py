@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import export_spread
 from ptd.planner import export_torchtitan
 from ptd.planner.export import export_files, launch_filename, stages
 from ptd.planner.search import search
@@ -56,15 +57,17 @@ AC = {"none": "NoneType", "selective": "SelectiveAC.Config", "full": "FullAC.Con
 
 
 @pytest.fixture(scope="module")
-def checked(tmp_path_factory):
-    """{name: (estimate, {framework: result})} for every plan of the set."""
+def fed(tmp_path_factory):
+    """{name: (estimate, {framework: result}, folder)} for every plan of the set and of
+    helpers.EXPORT_SPREAD (named ``spread-NN``): one subprocess reads all their exports."""
     assert INTEROP_PY.exists(), "run scripts/setup (it builds .venv-interop)"
     d = tmp_path_factory.mktemp("exports")
-    ests, manifest = {}, []
-    for name, (model, n, gb, seq, fix) in PLANS.items():
-        e = search(get_preset(model), ClusterSpec(load_hardware("h100-sxm"), n, 0), gb, seq,
-                   dtype="bf16", fixed=fix).best
-        ests[name] = e
+    ests = {name: search(get_preset(model), ClusterSpec(load_hardware("h100-sxm"), n, 0), gb,
+                         seq, dtype="bf16", fixed=fix).best
+            for name, (model, n, gb, seq, fix) in PLANS.items()}
+    ests |= {f"spread-{i:02d}": e for i, e in enumerate(export_spread())}
+    manifest = []
+    for name, e in ests.items():
         item = {"name": name, "world_size": e.plan.world_size, "dp": e.plan.dp}
         for fw, fname in FILES.items():
             ex = export_files(e, fw, name=f"{name}.{fname}")
@@ -81,9 +84,16 @@ def checked(tmp_path_factory):
                             "OMP_NUM_THREADS": "1", "HOME": str(d)})
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads((d / "out.json").read_text())
-    accepted = {fw: sum(out[k][fw]["ok"] for k in PLANS) for fw in FILES}
-    print(f"\nEXPORTS ACCEPTED of {len(PLANS)} plans: {accepted}")
-    return {k: (ests[k], out[k], d) for k in PLANS}
+    for what, names in (("plans", list(PLANS)), ("spread plans", [k for k in ests if k not in PLANS])):
+        accepted = {fw: sum(out[k][fw]["ok"] for k in names) for fw in FILES}
+        print(f"\nEXPORTS ACCEPTED of {len(names)} {what}: {accepted}")
+    return {k: (ests[k], out[k], d) for k in ests}
+
+
+@pytest.fixture(scope="module")
+def checked(fed):
+    """The named set's part of ``fed``."""
+    return {k: v for k, v in fed.items() if k in PLANS}
 
 
 def _ok(res, fw, name):
@@ -241,3 +251,29 @@ def test_cli_names_what_each_framework_cannot_hold_of_a_moe_plan(ptd_cli, tmp_pa
     for fw, note in want.items():
         rc, _, err = ptd_cli(*argv, "--export", fw, "-o", str(tmp_path / fw))
         assert rc == 0 and f"ptd plan: {fw} cannot express: {note}" in err, err
+
+
+@pytest.mark.timeout(300)
+def test_a_spread_of_chosen_plans_is_accepted_as_planned(fed):
+    """helpers.EXPORT_SPREAD (winners and runners-up covering every feature, GPT-2, MoE,
+    fp16/fp32 on several hardware presets): every framework takes every export, and reads
+    the plan's degrees, batches, precision and split."""
+    spread = {k: v for k, v in fed.items() if k.startswith("spread-")}
+    assert len(spread) == len(export_spread()) and len(spread) > 20
+    tt_dtype = {"bf16": "bfloat16", "fp32": "float32", "fp16": "bfloat16"}  # fp16: named
+    for name, (e, res, _) in spread.items():
+        p = e.plan
+        ds = _ok(res, "deepspeed", name)
+        assert (ds["train_batch_size"], ds["micro_batch"], ds["dp"], ds["zero"]) == \
+            (p.global_batch, p.micro_batch, p.dp, p.zero)
+        assert (ds["bf16"], ds["fp16"]) == (p.dtype == "bf16", p.dtype == "fp16")
+        tt = _ok(res, "torchtitan", name)
+        assert (tt["tp"], tt["pp"], tt["dp_replicate"] * tt["dp_shard"], tt["ep"], tt["cp"]) == \
+            (p.tp, p.pp, p.dp, p.ep, p.cp)
+        assert tt["param_dtype"] == tt_dtype[p.dtype] and tt["ac"] == AC[p.recompute]
+        mg = _ok(res, "megatron", name)
+        assert (mg["tp"], mg["pp"], mg["dp"], mg["ep"], mg["cp"]) == (p.tp, p.pp, p.dp, p.ep, p.cp)
+        assert mg["bf16"] == (p.dtype == "bf16")
+        assert (mg["micro_batch"], mg["global_batch"]) == (p.micro_batch, p.global_batch)
+        if p.pp > 1:
+            assert mg["layout_stages"] == list(stages(e)) and tt["parts"] is not None

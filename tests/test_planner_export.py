@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from helpers import cluster
+from helpers import cluster, export_spread
 from ptd.cost.estimate import CostOptions
 from ptd.planner import export as X
 from ptd.planner import export_deepspeed
@@ -141,28 +141,8 @@ PIPELINE_MODULE_KWARGS = {"num_stages", "topology", "loss_fn", "seed_layers", "s
 
 @pytest.fixture(scope="module")
 def plans():
-    """A spread of winners and runners-up: every ZeRO stage, recompute kind, schedule,
-    uneven stages, sequence parallel on and off, offload, GQA and MoE, fp16/bf16/fp32."""
-    out = []
-    cases = [
-        ("llama3.1-405b", "h100-sxm", 16384, 2048, 8192, {}, "bf16", 6),
-        ("llama3.1-405b", "h100-sxm", 16384, 2048, 8192, {"schedule": "1f1b", "zero": 1}, "bf16", 2),
-        ("mixtral-8x7b", "h100-sxm", 64, 256, 4096, {}, "bf16", 3),
-        # gpt2 ties its embeddings and ptd's pipeline has no fp16 loss scaling: ptd train
-        # refuses both with pp > 1, so the planner (one validator) offers neither
-        ("gpt2", "a100-80g", 16, 64, 1024, {"pp": 1}, "fp16", 2),
-        ("tiny", "cpu", 4, 32, 256, {"pp": 2, "schedule": "gpipe"}, "fp32", 2),
-        ("tiny", "cpu", 4, 32, 256, {}, "fp32", 4),
-        ("tiny", "cpu", 4, 32, 256, {"zero": 3, "offload": True, "recompute": "selective"}, "fp32", 2),
-        ("tiny", "cpu", 4, 32, 256, {"tp": 2, "sp": False, "zero": 0}, "bf16", 2),
-        ("tiny", "cpu", 4, 32, 256, {"pp": 2, "vpp": 2}, "fp32", 2),
-        ("tiny", "cpu", 4, 32, 256, {"pp": 4, "schedule": "1f1b", "zero": 2}, "fp32", 2),
-        ("llama3-8b", "h100-sxm", 32, 256, 8192, {"pp": 4, "schedule": "1f1b", "tp": 8}, "bf16", 2),
-    ]
-    for name, hw, n, gb, s, fix, dtype, k in cases:
-        r = search(get_preset(name), cluster(hw, n), gb, s, dtype=dtype, fixed=fix)
-        out += r.ranked[:k]
-    return out
+    """helpers.EXPORT_SPREAD: winners and runners-up covering every feature (below)."""
+    return export_spread()
 
 
 def test_spread_covers_the_features(plans):

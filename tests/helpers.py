@@ -128,6 +128,36 @@ def gpt(L: int, h: int, a: int, V: int = 51200, S: int = 2048, dropout: float = 
                                       max_seq_len=S, dropout=dropout)
 
 
+# A spread of plans the planner chooses (winners and runners-up): every ZeRO stage, recompute
+# kind, schedule, uneven stages, sequence parallel on and off, offload, GQA and MoE,
+# fp16/bf16/fp32. (model, hardware, devices, global batch, seq len, fixed, dtype, how many)
+EXPORT_SPREAD = [
+    ("llama3.1-405b", "h100-sxm", 16384, 2048, 8192, {}, "bf16", 6),
+    ("llama3.1-405b", "h100-sxm", 16384, 2048, 8192, {"schedule": "1f1b", "zero": 1}, "bf16", 2),
+    ("mixtral-8x7b", "h100-sxm", 64, 256, 4096, {}, "bf16", 3),
+    # gpt2 ties its embeddings and ptd's pipeline has no fp16 loss scaling: ptd train
+    # refuses both with pp > 1, so the planner (one validator) offers neither
+    ("gpt2", "a100-80g", 16, 64, 1024, {"pp": 1}, "fp16", 2),
+    ("tiny", "cpu", 4, 32, 256, {"pp": 2, "schedule": "gpipe"}, "fp32", 2),
+    ("tiny", "cpu", 4, 32, 256, {}, "fp32", 4),
+    ("tiny", "cpu", 4, 32, 256, {"zero": 3, "offload": True, "recompute": "selective"}, "fp32", 2),
+    ("tiny", "cpu", 4, 32, 256, {"tp": 2, "sp": False, "zero": 0}, "bf16", 2),
+    ("tiny", "cpu", 4, 32, 256, {"pp": 2, "vpp": 2}, "fp32", 2),
+    ("tiny", "cpu", 4, 32, 256, {"pp": 4, "schedule": "1f1b", "zero": 2}, "fp32", 2),
+    ("llama3-8b", "h100-sxm", 32, 256, 8192, {"pp": 4, "schedule": "1f1b", "tp": 8}, "bf16", 2),
+]
+
+
+def export_spread() -> list[Any]:
+    """The estimates of :data:`EXPORT_SPREAD`'s plans, in order."""
+    from ptd.planner.search import search
+    out = []
+    for name, hw, n, gb, s, fix, dtype, k in EXPORT_SPREAD:
+        r = search(get_preset(name), cluster(hw, n), gb, s, dtype=dtype, fixed=fix)
+        out += r.ranked[:k]
+    return out
+
+
 # ----------------------------------------------------------------- no processes
 
 

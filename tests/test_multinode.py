@@ -1,17 +1,22 @@
 """ptd train on several nodes: two torchrun agents on this host (127.0.0.1) stand for two
-nodes of 2 workers each. One multi-node run serves four checks: a worker SIGKILLed at step 3
-(a lost node's process) is taken up by torchrun's restarts on both nodes, which resume from
-the step-2 checkpoint; the losses are then still the one-node run's exactly; only node 0
-wrote the config (and global rank 0 the metrics); and the checkpoint -- written by both
-nodes into one folder, committed once -- is resumed by one node with another layout. Plus
-the Slurm script, and refused input."""
+nodes of 2 workers each. One multi-node run serves four checks: node 1 dies whole at step 3
+(its launcher, torchrun agent and workers SIGKILLed, as when a machine is lost) and a
+replacement node 1 is started with the same command (as a scheduler's requeue would):
+torchrun's restart on node 0 takes it into a new rendezvous and both resume from the step-2
+checkpoint; the losses are then still the one-node run's exactly; only node 0 wrote the
+config (and global rank 0 the metrics); and the checkpoint -- written by both nodes into one
+folder, committed once -- is resumed by one node with another layout. Plus the Slurm script,
+and refused input."""
 
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -42,6 +47,37 @@ def free_port():
         return s.getsockname()[1]
 
 
+def wait_until(ready, what, timeout=RUN_TIMEOUT):
+    t0 = time.monotonic()
+    while not ready():
+        assert time.monotonic() - t0 < timeout, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def listening(port):
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def process_tree(pid):
+    """``pid`` and every process below it (torchrun starts its workers in sessions of their
+    own, so a process group would miss them), read from /proc."""
+    children = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:  # the process ended between the listing and the read
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(d.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    return tree
+
+
 def losses(out):
     return [json.loads(l)["loss"] for l in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -56,22 +92,47 @@ def runs(tmp_path_factory):
     port = free_port()
     flags = [*COMMON, *PLAN, "--checkpoint-every", "2", "--checkpoint-keep", "2",
              "--max-restarts", "1"]
-    nodes = [ptd(*flags, "--out", str(two), "--nnodes", "2", "--node-rank", str(r),
-                 "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t", home=home,
-                 fault="kill:rank=3:step=3:restart=0")
-             for r in (0, 1)]
-    logs = [finish(p) for p in nodes]
+
+    started = []
+
+    def node(rank, fault=None):
+        started.append(ptd(*flags, "--out", str(two), "--nnodes", "2", "--node-rank", str(rank),
+                           "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t", home=home,
+                           fault=fault))
+        return started[-1]
+
+    def kill(p):
+        for pid in process_tree(p.pid):
+            os.kill(pid, signal.SIGKILL)
+        p.communicate(timeout=30)
+
+    try:
+        first = node(0)
+        # node 0's agent hosts the rendezvous store (the first agent at the endpoint does),
+        # which has to outlive node 1
+        wait_until(lambda: listening(port), "node 0's rendezvous store")
+        # node 1's workers stop at step 3, after the step-2 checkpoint, until it is killed
+        doomed = node(1, fault="hang:rank=*:step=3:restart=0")
+        wait_until(lambda: (two / "checkpoints" / "step_00000002").exists(),
+                   "the step-2 checkpoint")
+        kill(doomed)
+        replacement = node(1)
+        logs = [finish(first), finish(replacement)]
+    finally:  # a run that failed or timed out leaves no process behind
+        for p in started:
+            if p.poll() is None:
+                kill(p)
     finish(ptd(*COMMON, *PLAN, "--out", str(one), home=home))
     return two, one, home, logs
 
 
 @pytest.mark.timeout(3 * RUN_TIMEOUT)
-def test_two_nodes_survive_a_killed_worker_and_give_the_one_node_losses(runs):
+def test_two_nodes_survive_a_lost_node_and_give_the_one_node_losses(runs):
     two, one, _, logs = runs
-    err = logs[0][1] + logs[1][1]
-    # the SIGKILLed worker (or a peer of it that lost its connection first) failed, and
-    # the workers restarted from the newest checkpoint
-    assert "exitcode" in err and "step_00000002 at step 2" in err, err[-3000:]
+    # node 0's workers failed when node 1 vanished, its agent restarted them (restart 1)
+    # into a rendezvous with the replacement node, and they resumed from the checkpoint
+    err0, err1 = logs[0][1], logs[1][1]
+    assert "exitcode" in err0 and "step_00000002 at step 2" in err0 + err1, err0[-3000:]
     assert [json.loads(l)["step"] for l in (two / "metrics.jsonl").read_text().splitlines()] \
         == [1, 2, 3, 4]
     assert losses(two) == losses(one)  # bit for bit: the same ranks, the same collectives

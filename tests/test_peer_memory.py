@@ -109,3 +109,115 @@ def test_estimate_names_its_convention_and_splits_405b_on_pp16(ptd_cli):
     assert "uneven_stages=True" in chosen and "layers per pipeline rank=7/" + "8/" * 14 + "7" in chosen
     assert "ptd's count, tensor by tensor (swiglu MLP unfused)" in out
     assert "Megatron-LM's formula" in out
+
+
+# ------------------------------------------------ DeepSpeed's ZeRO-3 model-state estimate
+def deepspeed_zero3(total, largest, gpus_per_node, nodes, offload_optimizer, offload_params,
+                    zero_init=True, buffer_factor=1.5):
+    """DeepSpeed 0.19.8's estimate_zero3_model_states_mem_needs (deepspeed/runtime/zero/
+    stage3.py; the byte counts are docs/code-docs/source/memory.rst's), written out:
+    (bytes per CPU, i.e. per node; bytes per GPU; the largest layer's bytes).
+
+    Per GPU: the largest layer (the largest module's own parameters) gathered in 16 bits with
+    its 16-bit gradient, 4 bytes per parameter; plus each GPU's 1/N share of the model
+    states, 18 bytes per parameter -- 2 (16-bit parameter) + 4 (fp32 gradient) + 4 (fp32
+    master) + 8 (Adam moments) -- when nothing is offloaded, only the 2-byte 16-bit share with
+    the optimizer offloaded, nothing with parameters offloaded too. Per node: the offloaded
+    states (18 or 16 bytes per parameter over the nodes), or without offload the largest
+    layer per GPU when models are built partitioned (zero_init), times 1.5 headroom."""
+    gpus = gpus_per_node * nodes
+    layer = 4 * largest
+    if offload_optimizer:
+        host = 18 if offload_params else 16
+        gpu = layer if offload_params else layer + int(2 * total / gpus)
+        per_param = host / nodes if zero_init else max(4 * gpus_per_node, host / nodes)
+        cpu = total * per_param * buffer_factor
+    else:
+        gpu = layer + int(18 * total / gpus)
+        cpu = (largest if zero_init else total) * 4 * gpus_per_node * buffer_factor
+    return int(cpu), int(gpu), layer
+
+
+# (preset, its largest module: the V x h embedding / output matrix, larger than any h x F
+# matrix of these models -- Hugging Face's module tree, DeepSpeed's model_to_params)
+ZERO3_CASES = [("llama2-7b", 32000 * 4096), ("llama3-8b", 128256 * 4096),
+               ("llama3-70b", 128256 * 8192), ("llama2-70b", 32000 * 8192)]
+ZERO3_LAYOUTS = [(8, 1), (8, 2), (8, 8)]  # (GPUs per node, nodes)
+
+
+def _ptd_zero3_states(ptd_cli, name, gpus, per_node, *extra):
+    rc, out, err = ptd_cli("estimate", "--model", name, "--hardware", "h100-sxm", "--gpus",
+                           str(gpus), "--gpus-per-node", str(per_node), "--zero", "3",
+                           "--global-batch", str(gpus), "--seq-len", "4096", "--json", *extra)
+    assert rc == 0, err
+    mem = __import__("json").loads(out)["memory_per_device_bytes"]
+    return mem["params"] + mem["grads"] + mem["optimizer"]
+
+
+@pytest.mark.parametrize("name,largest", ZERO3_CASES)
+def test_zero3_model_states_against_deepspeeds_estimate(ptd_cli, name, largest):
+    psi = HF_PARAMS[name]
+    for per_node, nodes in ZERO3_LAYOUTS:
+        n = per_node * nodes
+        _, gpu, layer = deepspeed_zero3(psi, largest, per_node, nodes, False, False)
+        partition = gpu - layer  # DeepSpeed's per-GPU share of the model states
+        assert partition == 18 * psi // n
+        # ptd under the ZeRO paper's convention, (2 + 2 + 12) / N bytes per parameter: the
+        # one difference is the gradient share, which DeepSpeed counts at fp32 (4 bytes)
+        # where the paper (and ptd) count it in 16 bits (2 bytes)
+        zero = _ptd_zero3_states(ptd_cli, name, n, per_node, "--convention", "zero")
+        assert zero + 2 * psi // n == partition, (name, n, zero, partition)
+        # ptd's own convention ((4 + 4 + 8) / N, what its FSDP runtime holds: the fp32 shard
+        # is also the master copy) holds the same 16 bytes per parameter
+        assert _ptd_zero3_states(ptd_cli, name, n, per_node) == zero
+        # everything offloaded (ptd's --offload moves parameters and optimizer states):
+        # no model-state share on the GPU, as in DeepSpeed's offload_param + offload_optimizer
+        _, gpu_off, _ = deepspeed_zero3(psi, largest, per_node, nodes, True, True)
+        assert gpu_off - layer == 0 == _ptd_zero3_states(ptd_cli, name, n, per_node, "--offload")
+
+
+def test_deepspeed_runs_the_zero3_formula_written_here(tmp_path):
+    """DeepSpeed's own estimator (in .venv-interop, built by scripts/setup) gives what
+    ``deepspeed_zero3`` above writes out, for every offload variant and layout."""
+    import json
+    import subprocess
+    from pathlib import Path
+    py = Path(__file__).resolve().parents[1] / ".venv-interop" / "bin" / "python"
+    assert py.exists(), "run scripts/setup (it builds .venv-interop)"
+    cases = [(HF_PARAMS[name], largest, g, nodes, off, par, init)
+             for name, largest in ZERO3_CASES for g, nodes in ZERO3_LAYOUTS
+             for off, par in ((False, False), (True, False), (True, True))
+             for init in (True, False)]
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    code = ("import json, sys\n"
+            "from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs as f\n"
+            "cases = json.load(open(sys.argv[1]))\n"
+            "print(json.dumps([f(total_params=t, largest_layer_params=l, num_gpus_per_node=g,"
+            " num_nodes=n, cpu_offload=o, cpu_offload_params=p, zero_init=i)"
+            " for t, l, g, n, o, p, i in cases]))")
+    r = subprocess.run([str(py), "-c", code, str(tmp_path / "cases.json")], capture_output=True,
+                       text=True, timeout=240, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                                                    "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    theirs = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [list(deepspeed_zero3(*c)) for c in cases] == theirs
+
+
+def test_estimate_json_names_the_activation_convention_and_gives_megatrons(ptd_cli):
+    # GPT-3 175B with selective recompute (its 50257-token vocabulary allows no tp > 1):
+    # Megatron-LM's figure, written out as in
+    # test_megatron_activation_formula_is_korthikanti_for_a_gpt_block, at t = 1
+    import json
+    s, b, h, L, V, t = 2048, 2, 12288, 96, 50257, 1
+    rc, out, err = ptd_cli("estimate", "--model", "gpt3-175b", "--hardware", "h100-sxm",
+                           "--gpus", "8", "--global-batch", "16", "--seq-len", str(s),
+                           "--micro-batch", str(b), "--recompute", "selective", "--zero", "3",
+                           "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    act = d["activation_convention"]
+    assert act["used"] == "ptd" and act["selective_sp"] is False
+    want = (34 * s * b * h * L + 8 * s * b + s * b * h + 4 * s * b * h * (1 + V / h)) / t
+    assert act["megatron_selective_bytes"] == pytest.approx(want, rel=1e-12)
+    # the plan itself is the selective one: the figure used is the one the memory total holds
+    assert act["ptd_selective_bytes"] == d["memory_per_device_bytes"]["activations"]

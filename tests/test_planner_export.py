@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from helpers import cluster
+from helpers import cluster, export_spread
 from ptd.cost.estimate import CostOptions
 from ptd.planner import export as X
 from ptd.planner import export_deepspeed
@@ -35,6 +35,8 @@ TORCHTITAN_FLAGS = {
     "--optimizer.param-groups.0.optimizer-kwargs.eps",
     "--optimizer.param-groups.0.optimizer-kwargs.weight-decay", "--lr-scheduler.warmup-steps",
     "--lr-scheduler.decay-type", "--lr-scheduler.min-lr-factor", "--debug.seed",
+    "--parallelism.expert-parallel-degree", "--parallelism.context-parallel-degree",
+    "--parallelism.context-parallel-load-balancer",
 }
 # torch.distributed.pipelining.schedules.get_schedule_class (torch 2.13)
 TORCHTITAN_SCHEDULES = {"1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble",
@@ -99,6 +101,16 @@ MEGATRON_FLAGS = {
 MEGATRON_FLAGS.update({"--pipeline-model-parallel-layout": None,
                        "--use-precision-aware-optimizer": None,
                        "--ckpt-format": {"torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"}})
+# experts, routing and the context-parallel exchange (moe and parallelism groups)
+MEGATRON_FLAGS.update({"--moe-ffn-hidden-size": None, "--moe-shared-expert-intermediate-size": None,
+                       "--moe-router-load-balancing-type": {"aux_loss", "seq_aux_loss",
+                                                            "global_aux_loss", "sinkhorn", "none"},
+                       "--moe-aux-loss-coeff": None, "--moe-z-loss-coeff": None,
+                       "--moe-expert-capacity-factor": None,
+                       "--moe-token-dispatcher-type": {"allgather", "alltoall", "flex"},
+                       "--expert-model-parallel-size": None, "--context-parallel-size": None,
+                       # passed on to Transformer Engine's attention, whose names these are
+                       "--cp-comm-type": {"p2p", "all_gather", "a2a", "a2a+p2p"}})
 for _gone in ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
               "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"):
     del MEGATRON_FLAGS[_gone]  # ptd states the split with the layout instead
@@ -129,28 +141,8 @@ PIPELINE_MODULE_KWARGS = {"num_stages", "topology", "loss_fn", "seed_layers", "s
 
 @pytest.fixture(scope="module")
 def plans():
-    """A spread of winners and runners-up: every ZeRO stage, recompute kind, schedule,
-    uneven stages, sequence parallel on and off, offload, GQA and MoE, fp16/bf16/fp32."""
-    out = []
-    cases = [
-        ("llama3.1-405b", "h100-sxm", 16384, 2048, 8192, {}, "bf16", 6),
-        ("llama3.1-405b", "h100-sxm", 16384, 2048, 8192, {"schedule": "1f1b", "zero": 1}, "bf16", 2),
-        ("mixtral-8x7b", "h100-sxm", 64, 256, 4096, {}, "bf16", 3),
-        # gpt2 ties its embeddings and ptd's pipeline has no fp16 loss scaling: ptd train
-        # refuses both with pp > 1, so the planner (one validator) offers neither
-        ("gpt2", "a100-80g", 16, 64, 1024, {"pp": 1}, "fp16", 2),
-        ("tiny", "cpu", 4, 32, 256, {"pp": 2, "schedule": "gpipe"}, "fp32", 2),
-        ("tiny", "cpu", 4, 32, 256, {}, "fp32", 4),
-        ("tiny", "cpu", 4, 32, 256, {"zero": 3, "offload": True, "recompute": "selective"}, "fp32", 2),
-        ("tiny", "cpu", 4, 32, 256, {"tp": 2, "sp": False, "zero": 0}, "bf16", 2),
-        ("tiny", "cpu", 4, 32, 256, {"pp": 2, "vpp": 2}, "fp32", 2),
-        ("tiny", "cpu", 4, 32, 256, {"pp": 4, "schedule": "1f1b", "zero": 2}, "fp32", 2),
-        ("llama3-8b", "h100-sxm", 32, 256, 8192, {"pp": 4, "schedule": "1f1b", "tp": 8}, "bf16", 2),
-    ]
-    for name, hw, n, gb, s, fix, dtype, k in cases:
-        r = search(get_preset(name), cluster(hw, n), gb, s, dtype=dtype, fixed=fix)
-        out += r.ranked[:k]
-    return out
+    """helpers.EXPORT_SPREAD: winners and runners-up covering every feature (below)."""
+    return export_spread()
 
 
 def test_spread_covers_the_features(plans):
@@ -263,8 +255,8 @@ def test_deepspeed_export_uses_documented_keys(plans):
         assert ds["train_batch_size"] == (ds["train_micro_batch_size_per_gpu"]
                                           * ds["gradient_accumulation_steps"] * p.dp)
         assert ds["zero_optimization"]["stage"] == p.zero
-        assert (f"data {p.dp} x tensor {p.tp} x pipeline {p.pp} = {p.world_size} ranks"
-                in launch)
+        assert f"# parallel degrees: data {p.dp}" in launch
+        assert f"x tensor {p.tp} x pipeline {p.pp} = {p.world_size} ranks" in launch
         if p.pp > 1:
             kw, _ = export_deepspeed.pipeline(e, X.stages(e))
             assert set(kw) <= PIPELINE_MODULE_KWARGS and kw["num_stages"] == p.pp

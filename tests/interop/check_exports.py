@@ -31,6 +31,7 @@ def deepspeed_check(path, world_size, dp):
 
     c = DeepSpeedConfig(path, mpu=MPU())  # the file as --deepspeed_config FILE reads it
     opt = c.optimizer_params or {}
+    moe = deepspeed_moe_kwargs(path)
     return {"train_batch_size": c.train_batch_size,
             "micro_batch": c.train_micro_batch_size_per_gpu,
             "grad_accum": c.gradient_accumulation_steps, "dp": c.world_size,
@@ -41,7 +42,28 @@ def deepspeed_check(path, world_size, dp):
             "optimizer": c.optimizer_name, "lr": opt.get("lr"),
             "scheduler": c.scheduler_name,
             "total_steps": (c.scheduler_params or {}).get("total_num_steps"),
-            "clip": c.gradient_clipping}
+            "warmup": (c.scheduler_params or {}).get("warmup_num_steps"),
+            "min_lr_ratio": (c.scheduler_params or {}).get("cos_min_ratio"),
+            "clip": c.gradient_clipping, "moe": moe}
+
+
+def deepspeed_moe_kwargs(path):
+    """The ``deepspeed.moe.layer.MoE(...)`` call the launch script beside the ds_config names
+    (None for a dense model), bound to DeepSpeed's own signature: every keyword must be one
+    MoE takes."""
+    import ast
+    import inspect
+    from deepspeed.moe.layer import MoE
+    launch = path[:-len(".json")] + ".launch.sh"
+    line = next((l for l in open(launch) if "deepspeed.moe.layer.MoE(" in l), None)
+    if line is None:
+        return None
+    call = line.split("deepspeed.moe.layer.MoE(", 1)[1].rsplit(")", 1)[0]
+    call = call.replace("expert=<the MLP>", "expert=None")
+    node = ast.parse(f"f({call})", mode="eval").body
+    kw = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+    inspect.signature(MoE).bind(**kw)  # TypeError for a keyword MoE does not take
+    return kw
 
 
 def torchtitan_args(path):
@@ -62,8 +84,13 @@ def torchtitan_check(path, world_size):
     pc, tr = cfg.parallelism, cfg.training
     # torchtitan's own check that the degrees fill the world (ParallelDims._validate)
     dims = ParallelDims.from_config(pc, world_size)
+    # the expert mesh (torchtitan's ParallelDims._validate_meshes, checked when the mesh is
+    # built on GPUs): ep ranks are taken from dp_shard * cp * tp
+    efsdp, rest = divmod(dims.dp_shard * dims.cp * dims.tp, dims.ep)
+    assert efsdp >= 1 and rest == 0, f"ep {dims.ep} does not divide dp_shard*cp*tp"
     ac = type(cfg.activation_checkpoint).__qualname__
     group = cfg.optimizer.param_groups[0].optimizer_kwargs
+    moe = getattr(cfg.model_spec.model.layers[0], "moe", None)
     return {"dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "tp": dims.tp,
             "pp": dims.pp, "reshard": pc.fsdp_reshard_after_forward,
             "sp": pc.enable_sequence_parallel, "schedule": pc.pipeline_parallel_schedule,
@@ -74,7 +101,9 @@ def torchtitan_check(path, world_size):
             "no_cuda_graphs": tr.disable_cuda_graphs, "ac": ac, "lr": group["lr"],
             "warmup": cfg.lr_scheduler.warmup_steps,
             "min_lr_factor": cfg.lr_scheduler.min_lr_factor,
-            "n_layers": len(cfg.model_spec.model.layers)}
+            "n_layers": len(cfg.model_spec.model.layers), "ep": dims.ep, "cp": dims.cp,
+            "cp_balancer": pc.context_parallel_load_balancer,
+            "num_experts": moe.num_experts if moe is not None else None}
 
 
 def megatron_args(path):
@@ -113,12 +142,33 @@ def megatron_check(path, world_size):
               recompute_granularity=a.get("recompute_granularity"),
               recompute_method=a.get("recompute_method"),
               recompute_num_layers=int(a["recompute_num_layers"]) if "recompute_num_layers" in a else None,
-              pipeline_model_parallel_layout=a.get("pipeline_model_parallel_layout"))
+              pipeline_model_parallel_layout=a.get("pipeline_model_parallel_layout"),
+              context_parallel_size=int(a.get("context_parallel_size", 1)),
+              cp_comm_type=a.get("cp_comm_type"),
+              expert_model_parallel_size=int(a.get("expert_model_parallel_size", 1)))
+    if "num_experts" in a:
+        kw.update(num_moe_experts=int(a["num_experts"]), moe_router_topk=int(a["moe_router_topk"]),
+                  moe_ffn_hidden_size=int(a["moe_ffn_hidden_size"]),
+                  moe_router_load_balancing_type=a["moe_router_load_balancing_type"],
+                  moe_aux_loss_coeff=float(a["moe_aux_loss_coeff"]))
+        for k in ("moe_z_loss_coeff", "moe_expert_capacity_factor"):
+            if k in a:
+                kw[k] = float(a[k])
+        if "moe_token_dispatcher_type" in a:
+            kw["moe_token_dispatcher_type"] = a["moe_token_dispatcher_type"]
+        if "moe_shared_expert_intermediate_size" in a:
+            kw["moe_shared_expert_intermediate_size"] = int(a["moe_shared_expert_intermediate_size"])
     if "swiglu" in a:
         kw["activation_func"] = torch.nn.functional.silu
     c = TransformerConfig(**kw)
     layout = c.pipeline_model_parallel_layout
-    dp = world_size // (tp * pp)
+    cp, ep, etp = c.context_parallel_size, c.expert_model_parallel_size, c.expert_tensor_parallel_size
+    # Megatron's rank grids (parallel_state.initialize_model_parallel, which needs a process
+    # group per rank): tp*cp*dp*pp for the dense layers, etp*ep*edp*pp for the experts
+    dp, rest = divmod(world_size, tp * cp * pp)
+    assert rest == 0, f"world {world_size} is not divisible by tp*cp*pp"
+    edp, rest = divmod(world_size, etp * ep * pp)
+    assert rest == 0 and edp >= 1, f"world {world_size} is not divisible by etp*ep*pp"
     return {"tp": c.tensor_model_parallel_size, "pp": c.pipeline_model_parallel_size,
             "vpp": c.virtual_pipeline_model_parallel_size, "sp": c.sequence_parallel,
             "dp": dp, "num_layers": c.num_layers, "recompute": c.recompute_granularity,
@@ -132,7 +182,13 @@ def megatron_check(path, world_size):
             "offload": "optimizer_cpu_offload" in a,
             "precision_aware": "use_precision_aware_optimizer" in a,
             "max_connections_1": "export CUDA_DEVICE_MAX_CONNECTIONS=1" in text,
-            "train_iters": int(a["train_iters"])}
+            "train_iters": int(a["train_iters"]), "bf16": c.bf16, "lr": float(a["lr"]),
+            "min_lr": float(a["min_lr"]), "warmup": int(a["lr_warmup_iters"]),
+            "decay": a["lr_decay_style"], "cp": cp, "cp_comm": c.cp_comm_type,
+            "ep": ep, "etp": etp, "num_experts": c.num_moe_experts,
+            "topk": c.moe_router_topk if c.num_moe_experts else None,
+            "moe_ffn": c.moe_ffn_hidden_size, "aux_coeff": c.moe_aux_loss_coeff,
+            "z_coeff": c.moe_z_loss_coeff, "capacity": c.moe_expert_capacity_factor}
 
 
 def _layout_stages(layout, pp):

@@ -5,8 +5,8 @@ Megatron-LM checkout at core_r0.19.0 in a scratch folder, in .venv-interop:
 
     .venv-interop/bin/python tests/interop/megatron_validate_args.py MEGATRON_LM_DIR SCRIPT...
 
-Prints one line per script: "ok" with what Megatron derived (dp, vpp, padded vocabulary,
-layers per pipeline rank), or the assertion Megatron raised.
+Prints one line per script: "ok" with what Megatron derived (dp, vpp, context and expert
+parallel sizes, experts and top-k, padded vocabulary), or the assertion Megatron raised.
 """
 
 import os
@@ -49,8 +49,10 @@ def check(path: str) -> str:
     padded = vocab_size_with_padding(args.vocab_size, args, logging_enabled=False)
     return (f"ok dp={args.data_parallel_size} tp={args.tensor_model_parallel_size} "
             f"pp={args.pipeline_model_parallel_size} "
-            f"vpp={args.virtual_pipeline_model_parallel_size} padded_vocab={padded} "
-            f"vocab={args.vocab_size}")
+            f"vpp={args.virtual_pipeline_model_parallel_size} cp={args.context_parallel_size} "
+            f"cp_comm={args.cp_comm_type} ep={args.expert_model_parallel_size} "
+            f"experts={args.num_experts} topk={args.moe_router_topk} "
+            f"padded_vocab={padded} vocab={args.vocab_size}")
 
 
 if __name__ == "__main__":

@@ -155,7 +155,8 @@ def run(a: argparse.Namespace) -> int:
     from ..planner.search import runtime_refuses
     runtime_refuses(model, e.plan)  # the rules ptd train applies (one validator)
     if a.json:
-        emit_json(e.to_json() | {"dp_comm": a.dp_comm, "servers": a.servers})
+        emit_json(e.to_json() | {"dp_comm": a.dp_comm, "servers": a.servers,
+                                 "activation_convention": activation_figures(e.model, e.plan)})
     else:
         print(render(e, extra))
         if opts.ps_servers:
@@ -206,12 +207,21 @@ def render(e, extra: dict[str, str] | None = None) -> str:
     return "\n".join(lines)
 
 
-def activation_convention(m, p) -> str:
-    """Which activation count the report uses, beside Megatron-LM's formula for the same
-    plan under the one recompute setting that formula describes (selective, with sp)."""
+def activation_figures(m, p) -> dict:
+    """Which activation count the report uses, and both counts for the same plan under the
+    one recompute setting Megatron-LM's formula describes (selective, with sp when tp > 1)."""
     from ..cost.megatron_memory import megatron_activation_bytes
     from ..cost.memory import activation_bytes
     sel = p.replace(recompute="selective", sp=p.tp > 1)
-    return (f"activations: ptd's count, tensor by tensor ({m.mlp} MLP unfused); with selective "
-            f"recompute{' + sp' if p.tp > 1 else ''} it gives {gib(activation_bytes(m, sel))}, "
-            f"Megatron-LM's formula (a GPT block) {gib(megatron_activation_bytes(m, sel))}")
+    return {"used": "ptd", "ptd": f"tensor by tensor ({m.mlp} MLP unfused)",
+            "megatron": "Megatron-LM's formula (a GPT block)",
+            "selective_sp": sel.sp, "ptd_selective_bytes": activation_bytes(m, sel),
+            "megatron_selective_bytes": megatron_activation_bytes(m, sel)}
+
+
+def activation_convention(m, p) -> str:
+    """The report's line for :func:`activation_figures`."""
+    f = activation_figures(m, p)
+    return (f"activations: ptd's count, {f['ptd']}; with selective "
+            f"recompute{' + sp' if f['selective_sp'] else ''} it gives "
+            f"{gib(f['ptd_selective_bytes'])}, {f['megatron']} {gib(f['megatron_selective_bytes'])}")

@@ -55,6 +55,8 @@ def config(e: Estimate, cfg: TrainConfig,
     if p.cp > 1:
         notes.append("context parallelism (all-gather attention over cp ranks) has no ds_config "
                      "key; DeepSpeed-Ulysses splits heads instead")
+    if e.model.is_moe:
+        notes += moe_notes(e)
     if p.recompute != "none":
         ds["activation_checkpointing"] = {"partition_activations": False,
                                           "cpu_checkpointing": False,
@@ -69,6 +71,36 @@ def config(e: Estimate, cfg: TrainConfig,
     if p.grad_compression != "none":
         notes.append(f"gradient compression {p.grad_compression} has no ds_config key")
     return ds, notes
+
+
+def moe(e: Estimate) -> dict[str, Any] | None:
+    """``deepspeed.moe.layer.MoE`` keyword arguments for the model's expert layers (None for
+    a dense model): DeepSpeed builds experts in the model's code, not from ds_config."""
+    m, p = e.model, e.plan
+    if not m.is_moe:
+        return None
+    kw: dict[str, Any] = {"num_experts": m.n_experts, "ep_size": p.ep, "k": m.top_k}
+    if m.capacity_factor:
+        kw.update(capacity_factor=m.capacity_factor, drop_tokens=True)
+    else:
+        kw["drop_tokens"] = False  # dropless, as ptd routes
+    return kw
+
+
+def moe_notes(e: Estimate) -> list[str]:
+    m, p = e.model, e.plan
+    notes = [f"the {m.n_experts} experts (top-{m.top_k} routing) and expert parallelism ep "
+             f"{p.ep} have no ds_config key: deepspeed.moe.layer.MoE("
+             + ", ".join(f"{k}={v!r}" for k, v in (moe(e) or {}).items())
+             + ") in the model's code, its l_aux added to the loss times "
+             f"{m.aux_loss_coef}"]
+    if m.z_loss_coef:
+        notes.append(f"the router z-loss (coefficient {m.z_loss_coef}) has no DeepSpeed "
+                     f"equivalent")
+    if m.n_shared_experts:
+        notes.append(f"{m.n_shared_experts} shared expert(s): DeepSpeed's MoE(use_residual=True) "
+                     f"holds one, as a residual MLP mixed by a learned coefficient")
+    return notes
 
 
 def pipeline(e: Estimate, split: tuple[int, ...]) -> tuple[dict[str, Any] | None, list[str]]:
@@ -104,11 +136,18 @@ def launch(e: Estimate, split: tuple[int, ...], cfg: TrainConfig, config_name: s
              f"# DeepSpeed 0.19 launch exported by ptd plan -- {summary}",
              f"# {config_name} is a plain ds_config: deepspeed.initialize(config=...), "
              f"--deepspeed_config FILE, or the Hugging Face Trainer's --deepspeed FILE",
-             f"# parallel degrees: data {p.dp} x tensor {p.tp} x pipeline {p.pp} = "
-             f"{p.world_size} ranks on {nnodes} node(s)"]
+             f"# parallel degrees: data {p.dp}"
+             + (f" (expert parallel {p.ep} within it)" if p.ep > 1 else "")
+             + (f" x context {p.cp}" if p.cp > 1 else "")
+             + f" x tensor {p.tp} x pipeline {p.pp} = {p.world_size} ranks on {nnodes} node(s)"]
     if kw is not None:
         lines.append(f"# in the training script: deepspeed.pipe.PipelineModule(layers, "
                      f"{', '.join(f'{k}={v!r}' for k, v in kw.items())})")
+    mkw = moe(e)
+    if mkw is not None:
+        lines.append(f"# in the model's code, each expert layer: deepspeed.moe.layer.MoE("
+                     f"hidden_size={e.model.hidden}, expert=<the MLP>, "
+                     f"{', '.join(f'{k}={v!r}' for k, v in mkw.items())})")
     lines += [f"# not expressible: {n}" for n in notes]
     lines += ["set -euo pipefail", 'TRAIN_SCRIPT=${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your training script}',
               f"deepspeed --num_nodes {nnodes} --num_gpus {nproc} ${{HOSTFILE:+--hostfile $HOSTFILE}} "

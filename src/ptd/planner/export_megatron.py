@@ -13,6 +13,7 @@ from typing import Any
 
 from ..cost.estimate import CostOptions, Estimate
 from ..specs.config import TrainConfig
+from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
 
 
@@ -77,8 +78,7 @@ def arguments(e: Estimate, split: tuple[int, ...], steps: int | None, cfg: Train
     a("--attention-dropout", m.dropout)
     a("--hidden-dropout", m.dropout)
     if m.is_moe:
-        a("--num-experts", m.n_experts)
-        a("--moe-router-topk", m.top_k)
+        _moe(m, p, a, notes)
     a("--init-method-std", m.init_std)
     # NullTokenizer's vocabulary is --vocab-size itself (end-of-document is id V-1); padding
     # to a multiple of 1 * tp keeps the model's own size, since tp divides it.
@@ -90,6 +90,7 @@ def arguments(e: Estimate, split: tuple[int, ...], steps: int | None, cfg: Train
     a("--pipeline-model-parallel-size", p.pp)
     if p.cp > 1:
         a("--context-parallel-size", p.cp)
+        a("--cp-comm-type", "all_gather")  # ptd gathers K/V over the cp group
     if p.sp and p.tp > 1:
         a("--sequence-parallel")
     _pipeline(p, split, a, notes)
@@ -118,6 +119,30 @@ def arguments(e: Estimate, split: tuple[int, ...], steps: int | None, cfg: Train
     a("--clip-grad", opt.grad_clip)
     a("--seed", cfg.seed)
     return args, notes
+
+
+def _moe(m: ModelSpec, p: ParallelPlan, a, notes: list[str]) -> None:
+    """Experts, routing and expert parallelism (Megatron's ``--moe-*`` arguments)."""
+    a("--num-experts", m.n_experts)
+    a("--moe-router-topk", m.top_k)
+    a("--moe-ffn-hidden-size", m.ffn_hidden)
+    if m.n_shared_experts:
+        a("--moe-shared-expert-intermediate-size", m.n_shared_experts * m.ffn_hidden)
+    a("--moe-router-load-balancing-type", "aux_loss")
+    a("--moe-aux-loss-coeff", m.aux_loss_coef)
+    if m.z_loss_coef:
+        a("--moe-z-loss-coeff", m.z_loss_coef)
+    if m.capacity_factor:
+        a("--moe-expert-capacity-factor", m.capacity_factor)
+        a("--moe-token-dispatcher-type", "alltoall")
+    # ptd carves expert parallelism out of data parallelism, as Megatron does (experts
+    # split over ep of the data-parallel ranks, tensor parallelism unchanged inside)
+    a("--expert-model-parallel-size", p.ep)
+    if p.tp > 1:
+        notes.append("experts over tp: Megatron shards each expert over tp "
+                     "(--expert-tensor-parallel-size defaults to tp) and wants sequence "
+                     "parallelism with experts and tp > 1; ptd keeps every expert whole on each "
+                     "tp rank, without sequence parallelism")
 
 
 def _memory(p: ParallelPlan, options: CostOptions, a, notes: list[str]) -> None:

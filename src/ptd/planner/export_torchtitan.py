@@ -14,6 +14,7 @@ import shlex
 
 from ..cost.estimate import Estimate
 from ..specs.config import TrainConfig
+from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
 
 # ptd preset -> torchtitan 0.3 config function of module llama3
@@ -45,36 +46,58 @@ def model_parts(n_layers: int, split: tuple[int, ...]) -> list[list[str]]:
     return parts
 
 
+def _model(m: ModelSpec) -> tuple[str, str, list[str]]:
+    """``(module, config function, notes)``: the llama3 config of the same shape, else a
+    debug config of a module with the model's kind of MLP (torchtitan 0.3 reads no model
+    shape from the command line)."""
+    notes: list[str] = []
+    config = CONFIGS.get(m.name)
+    module = "llama3"
+    if config is None:
+        shape = (f"dim={m.hidden}, n_layers={m.n_layers}, n_heads={m.n_heads}, "
+                 f"n_kv_heads={m.n_kv_heads}, ffn hidden={m.ffn_hidden}, "
+                 f"vocab_size={m.vocab_size}")
+        if m.is_moe:
+            # llama3 has no MoE layer, so expert parallelism would have nothing to split
+            module, config = "qwen3", "qwen3_moe_debug"
+            shape += (f", num_experts={m.n_experts}, top_k={m.top_k}, moe hidden="
+                      f"{m.ffn_hidden}, shared experts={m.n_shared_experts}, load-balance "
+                      f"coefficient={m.aux_loss_coef}")
+            if m.capacity_factor:
+                shape += f", capacity factor={m.capacity_factor}"
+        else:
+            config = "llama3_debugmodel"
+        notes.append(f"{m.name} has no torchtitan config function: written as {module} "
+                     f"{config}; register one with {shape}")
+        if m.mlp != "swiglu" or m.norm != "rmsnorm" or m.position != "rope":
+            notes.append(f"{m.name} is {m.mlp}/{m.norm}/{m.position}; torchtitan's {module} is "
+                         f"SwiGLU/RMSNorm/RoPE")
+        if module == "qwen3":
+            notes.append("qwen3's attention normalises queries and keys (QK-norm), which "
+                         f"{m.name} does not")
+    if config == "llama3_405b":
+        notes.append("config llama3_405b converts linear layers to float8 and compiles the "
+                     "model; ptd planned plain bf16 matmuls (no CLI field removes the converter)")
+    return module, config, notes
+
+
 def arguments(e: Estimate, split: tuple[int, ...], steps: int | None,
               cfg: TrainConfig) -> tuple[list[str], list[str]]:
     """``(argv after -m torchtitan.train, notes on what cannot be expressed)``."""
     m, p, opt = e.model, e.plan, cfg.optim
-    notes: list[str] = []
-    config = CONFIGS.get(m.name)
-    if config is None:
-        config = "llama3_debugmodel"
-        notes.append(f"{m.name} has no torchtitan config function: written as llama3_debugmodel; "
-                     f"register one with dim={m.hidden}, n_layers={m.n_layers}, "
-                     f"n_heads={m.n_heads}, n_kv_heads={m.n_kv_heads}, ffn hidden="
-                     f"{m.ffn_hidden}, vocab_size={m.vocab_size}")
-        if m.mlp != "swiglu" or m.norm != "rmsnorm" or m.position != "rope":
-            notes.append(f"{m.name} is {m.mlp}/{m.norm}/{m.position}; torchtitan's llama3 is "
-                         f"SwiGLU/RMSNorm/RoPE")
-    if config == "llama3_405b":
-        notes.append("config llama3_405b converts linear layers to float8 and compiles the "
-                     "model; ptd planned plain bf16 matmuls (no CLI field removes the converter)")
-    a = ["--module", "llama3", "--config", config]
+    module, config, notes = _model(m)
+    a = ["--module", module, "--config", config]
 
     def f(name: str, value: object) -> None:
         a.extend([f"--{name}", str(value)])
 
-    if p.zero == 0 and p.tp == 1 and p.pp == 1:
+    if p.zero == 0 and p.tp == 1 and p.pp == 1 and p.ep == 1:
         f("parallelism.data-parallel-replicate-degree", p.dp)
         f("parallelism.data-parallel-shard-degree", 1)
     else:
         if p.zero == 0 and p.dp > 1:
-            notes.append("DDP (ZeRO 0) with tp/pp > 1 has no torchtitan setting: written as "
-                         "FSDP without resharding after forward")
+            notes.append("DDP (ZeRO 0) with tp/pp/ep > 1 has no torchtitan setting: written "
+                         "as FSDP without resharding after forward")
         if p.zero == 1 and p.dp > 1:
             notes.append("ZeRO-1 has no torchtitan setting: written as FSDP without resharding "
                          "after forward (ZeRO-2-like)")
@@ -84,6 +107,11 @@ def arguments(e: Estimate, split: tuple[int, ...], steps: int | None,
     f("parallelism.tensor-parallel-degree", p.tp)
     if p.cp > 1:
         f("parallelism.context-parallel-degree", p.cp)
+        # ptd's zig-zag layout: rank i holds chunks i and 2cp-1-i of the sequence
+        f("parallelism.context-parallel-load-balancer", "headtail")
+    if m.is_moe:
+        # torchtitan takes the ep ranks from dp_shard * cp * tp; ptd from dp, which divides it
+        f("parallelism.expert-parallel-degree", p.ep)
     if p.tp > 1:
         a.append("--parallelism.enable-sequence-parallel" if p.sp
                  else "--parallelism.no-enable-sequence-parallel")
@@ -94,9 +122,12 @@ def arguments(e: Estimate, split: tuple[int, ...], steps: int | None,
         a.append("--parallelism.module-fqns-per-model-part")
         a.extend(",".join(part) for part in model_parts(m.n_layers, split))
         f("training.local-batch-size", p.global_batch // p.dp)
-        a.append("--training.disable-cuda-graphs")  # pipeline schedules run outside graphs
     else:
         f("training.local-batch-size", p.micro_batch)  # more is gradient accumulation
+    if p.pp > 1 or p.ep > 1:
+        # pipeline schedules, and the all-to-all token dispatch (it syncs with the host),
+        # run outside CUDA graphs; torchtitan refuses either otherwise
+        a.append("--training.disable-cuda-graphs")
     f("training.global-batch-size", p.global_batch)
     f("training.seq-len", p.seq_len)
     f("training.steps", steps or cfg.steps)

@@ -7,8 +7,10 @@ Every node runs the same command with torchrun's own names::
 Each node starts ``nproc = world / N`` workers under torchrun's elastic agent; the agents
 meet at ``HOST:PORT`` through the c10d rendezvous (the first agent there hosts its store),
 so a worker that fails makes every node restart its workers (``--max-restarts``), which
-then resume from the newest checkpoint. Which node receives global rank 0 is the
-rendezvous' choice, not ``--node-rank``'s.
+then resume from the newest checkpoint. A node lost whole is replaced by running the same
+command on another machine: the survivors' restarted agents meet it in a new rendezvous
+(the host of the rendezvous store, the first agent at ``HOST:PORT``, must survive). Which
+node receives global rank 0 is the rendezvous' choice, not ``--node-rank``'s.
 
 Writing: the node with ``--node-rank 0`` writes ``OUT/config.toml``; global rank 0 (on
 whichever node) writes ``metrics.jsonl`` and ``summary.json``; every worker writes its own

@@ -2,8 +2,8 @@
 
 Which checkpoints are considered, newest first:
 
-* ``resume = "auto"``, or any elastic restart (``TORCHELASTIC_RESTART_COUNT > 0``): this
-  run's own checkpoint root (``checkpoint.dir`` or ``OUT/checkpoints``);
+* ``resume = "auto"``, or any elastic restart (``TORCHELASTIC_RESTART_COUNT > 0`` on any
+  rank: a replacement node's agent counts from 0): this run's own checkpoint root (``checkpoint.dir`` or ``OUT/checkpoints``);
 * ``resume = DIR`` (a run folder, a checkpoint root, or one ``step_N`` folder and the older
   ones beside it): after the run's own on a restart, before it otherwise.
 
@@ -94,6 +94,18 @@ def restart_count() -> int:
         return 0
 
 
+def job_restart(world: int = 1) -> int:
+    """The job's restart number: the highest of its ranks' (a collective when ``world > 1``).
+    A node started to replace a lost one runs a fresh torchrun agent whose count is 0, while
+    the surviving nodes' agents count their restarts; all ranks must resume alike."""
+    restart = restart_count()
+    if world > 1 and dist.is_initialized():
+        counts: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(counts, restart)
+        restart = max(counts)
+    return restart
+
+
 def sources(cfg: TrainConfig, restart: int) -> list[Path]:
     out = []
     if restart > 0 or cfg.resume == "auto":
@@ -120,7 +132,7 @@ def pick(cfg: TrainConfig, *, rank: int = 0, world: int = 1,
          warn: Callable[[str], None] = lambda s: None) -> store.Checkpoint | None:
     """The checkpoint this run resumes from (see the module docstring), chosen the same way
     on every rank; ``None``: start from scratch. A collective when ``world > 1``."""
-    restart = restart_count()
+    restart = job_restart(world)
     refused: list[str] = []
     for ref in sources(cfg, restart):
         for cand in store.candidates(ref):

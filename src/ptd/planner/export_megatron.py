@@ -46,13 +46,20 @@ def _pipeline(p: ParallelPlan, split: tuple[int, ...], a, notes: list[str]) -> N
 def arguments(e: Estimate, split: tuple[int, ...], steps: int | None, cfg: TrainConfig,
               options: CostOptions = CostOptions()) -> tuple[list[tuple[str, Any]], list[str]]:
     """``([(flag, value or None)], notes)`` for ``pretrain_gpt.py``."""
-    m, p, opt = e.model, e.plan, cfg.optim
     args: list[tuple[str, Any]] = []
     notes: list[str] = []
 
     def a(flag: str, value: Any = None) -> None:
         args.append((flag, value))
 
+    _model(e.model, e.plan, options, a, notes)
+    _parallel(e.plan, split, options, a, notes)
+    _training(e.plan, steps, cfg, a)
+    return args, notes
+
+
+def _model(m: ModelSpec, p: ParallelPlan, options: CostOptions, a, notes: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """The architecture, its initialisation and the vocabulary."""
     a("--num-layers", m.n_layers)
     a("--hidden-size", m.hidden)
     a("--ffn-hidden-size", m.ffn_hidden)
@@ -86,6 +93,11 @@ def arguments(e: Estimate, split: tuple[int, ...], steps: int | None, cfg: Train
     a("--vocab-size", m.vocab_size)
     a("--make-vocab-size-divisible-by", 1)
     a("--attention-backend", "flash" if options.attention == "flash" else "unfused")
+
+
+def _parallel(p: ParallelPlan, split: tuple[int, ...], options: CostOptions, a,  # type: ignore[no-untyped-def]
+              notes: list[str]) -> None:
+    """Degrees, pipeline split and schedule, batches, precision, recompute, ZeRO."""
     a("--tensor-model-parallel-size", p.tp)
     a("--pipeline-model-parallel-size", p.pp)
     if p.cp > 1:
@@ -107,6 +119,11 @@ def arguments(e: Estimate, split: tuple[int, ...], steps: int | None, cfg: Train
         a("--recompute-method", "uniform")
         a("--recompute-num-layers", 1)
     _memory(p, options, a, notes)
+
+
+def _training(p: ParallelPlan, steps: int | None, cfg: TrainConfig, a) -> None:  # type: ignore[no-untyped-def]
+    """Steps, the learning-rate schedule, AdamW, clipping, seed."""
+    opt = cfg.optim
     a("--train-iters", steps or cfg.steps)
     a("--lr", opt.lr)
     a("--min-lr", opt.lr * opt.min_lr_ratio)
@@ -118,7 +135,6 @@ def arguments(e: Estimate, split: tuple[int, ...], steps: int | None, cfg: Train
     a("--adam-eps", opt.eps)
     a("--clip-grad", opt.grad_clip)
     a("--seed", cfg.seed)
-    return args, notes
 
 
 def _moe(m: ModelSpec, p: ParallelPlan, a, notes: list[str]) -> None:

@@ -84,13 +84,23 @@ def _model(m: ModelSpec) -> tuple[str, str, list[str]]:
 def arguments(e: Estimate, split: tuple[int, ...], steps: int | None,
               cfg: TrainConfig) -> tuple[list[str], list[str]]:
     """``(argv after -m torchtitan.train, notes on what cannot be expressed)``."""
-    m, p, opt = e.model, e.plan, cfg.optim
+    m, p = e.model, e.plan
     module, config, notes = _model(m)
     a = ["--module", module, "--config", config]
 
     def f(name: str, value: object) -> None:
         a.extend([f"--{name}", str(value)])
 
+    _parallelism(m, p, split, a, f, notes)
+    _training(p, steps, cfg, a, f, notes)
+    a.append(f"activation-checkpoint:{p.recompute}")  # the subcommand comes last
+    return a, notes
+
+
+def _parallelism(m: ModelSpec, p: ParallelPlan, split: tuple[int, ...], a: list[str],  # type: ignore[no-untyped-def]
+                 f, notes: list[str]) -> None:
+    """The ``parallelism`` section: data (replicate or shard), tensor, context, expert and
+    pipeline degrees, the schedule and the stage split."""
     if p.zero == 0 and p.tp == 1 and p.pp == 1 and p.ep == 1:
         f("parallelism.data-parallel-replicate-degree", p.dp)
         f("parallelism.data-parallel-shard-degree", 1)
@@ -121,9 +131,14 @@ def arguments(e: Estimate, split: tuple[int, ...], steps: int | None,
         f("parallelism.pipeline-parallel-microbatch-size", p.micro_batch)
         a.append("--parallelism.module-fqns-per-model-part")
         a.extend(",".join(part) for part in model_parts(m.n_layers, split))
-        f("training.local-batch-size", p.global_batch // p.dp)
-    else:
-        f("training.local-batch-size", p.micro_batch)  # more is gradient accumulation
+
+
+def _training(p: ParallelPlan, steps: int | None, cfg: TrainConfig, a: list[str], f,  # type: ignore[no-untyped-def]
+              notes: list[str]) -> None:
+    """Batches, steps, precision, offload, AdamW, the learning-rate schedule, seed."""
+    opt = cfg.optim
+    # with a pipeline the local batch is the replica's; without, more is gradient accumulation
+    f("training.local-batch-size", p.global_batch // p.dp if p.pp > 1 else p.micro_batch)
     if p.pp > 1 or p.ep > 1:
         # pipeline schedules, and the all-to-all token dispatch (it syncs with the host),
         # run outside CUDA graphs; torchtitan refuses either otherwise
@@ -150,8 +165,6 @@ def arguments(e: Estimate, split: tuple[int, ...], steps: int | None,
     if p.recompute == "selective":
         notes.append("selective recompute is torchtitan's per-op SAC, which saves a different "
                      "set of tensors than ptd's attention-core recompute")
-    a.append(f"activation-checkpoint:{p.recompute}")  # the subcommand comes last
-    return a, notes
 
 
 def script(e: Estimate, split: tuple[int, ...], steps: int | None, cfg: TrainConfig,

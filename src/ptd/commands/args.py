@@ -27,44 +27,35 @@ def positive_ints(s: str, limit: int | None = None) -> list[int]:
     return v
 
 
-def positive_int(s: str) -> int:
+def _number(s: str, kind: type, what: str, positive: bool) -> Any:
+    """``s`` as ``kind`` (int or float): finite, above 0 (``positive``) or at least 0, and
+    for integers at most ``MAX_INT``."""
     try:
-        v = int(s)
+        v = kind(s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if not 1 <= v <= MAX_INT:
-        raise argparse.ArgumentTypeError(f"expected a positive integer (at most 2**40), got {s!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+    ok = (v > 0 if positive else v >= 0) and v != float("inf")  # (NaN fails both)
+    if kind is int and not (ok and v <= MAX_INT):
+        raise argparse.ArgumentTypeError(f"expected {what} (at most 2**40), got {s!r}")
+    if not ok:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
     return v
+
+
+def positive_int(s: str) -> int:
+    return _number(s, int, "a positive integer", positive=True)
 
 
 def nonneg_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}") from None
-    if not 0 <= v <= MAX_INT:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer (at most 2**40), got {s!r}")
-    return v
+    return _number(s, int, "a non-negative integer", positive=False)
 
 
 def positive_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
-    return v
+    return _number(s, float, "a positive number", positive=True)
 
 
 def nonneg_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {s!r}") from None
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {s!r}")
-    return v
+    return _number(s, float, "a non-negative number", positive=False)
 
 
 def fraction(s: str) -> float:

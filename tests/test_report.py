@@ -359,6 +359,9 @@ def test_real_run_report(tmp_path):
     path = Path(json.loads(r.stdout)["html"])
     html = path.read_text()
     summ = json.loads((out / "summary.json").read_text())
+    from ptd.summary.schema import problems
+    assert problems(summ) == []  # what ptd train writes follows the typed schema
+    assert "does not follow the schema" not in html
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(recs) == 3
     assert summ["plan_desc"] in html

@@ -47,6 +47,10 @@ def load_run(run_dir: str | Path) -> Run:
             raise PtdError(f"not a ptd run folder: {summ_p} is not JSON ({e})") from None
         if not isinstance(summary, dict):
             raise PtdError(f"not a ptd run folder: {summ_p} is not a JSON object")
+        from ..summary.schema import problems
+        bad = problems(summary)
+        if bad:
+            notes.append(f"summary.json does not follow the schema: {'; '.join(bad)}")
     else:
         notes.append("no summary.json: the run did not finish; only its metrics are shown")
     metrics = _read_metrics(met_p, notes) if met_p.is_file() else []

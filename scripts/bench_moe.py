@@ -5,7 +5,7 @@
 
 "loop" is the per-expert MoE forward ptd had first (for each expert: ``nonzero`` of the tokens that
 chose it, gather, the expert's MLP, weighted ``index_add``), run on the same stacked weights;
-"grouped" is :class:`ptd.runtime.moe.MoE` (one sort, one gather, ``torch._grouped_mm`` per
+"grouped" is :class:`ptd.runtime.model.moe.MoE` (one sort, one gather, ``torch._grouped_mm`` per
 weight matrix, one ``index_add``). Auxiliary losses off in both, so the work is the same.
 The two alternate, ``--reps`` times each; the median is reported. Timed with
 ``time.process_time`` (CPU seconds of this process; one intra-op thread, so that is the
@@ -19,9 +19,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ptd.runtime.init import materialize
-from ptd.runtime.model import build_model
-from ptd.runtime.moe import MoE
+from ptd.runtime.model.init import materialize
+from ptd.runtime.model.transformer import build_model
+from ptd.runtime.model.moe import MoE
 from ptd.specs import load_model
 
 

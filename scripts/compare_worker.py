@@ -4,9 +4,9 @@ trained by Hugging Face Accelerate (DDP) or DeepSpeed (ZeRO 1/2/3) instead of pt
 Launched by torchrun (one process per worker). What is the same as ``ptd train``, so that
 only the framework differs:
 
-* the model: :func:`ptd.runtime.model.build_model` on the meta device, then
-  :func:`ptd.runtime.init.materialize` with the same seed (the same initial weights);
-* the data: :class:`ptd.runtime.data.DataLoader` over the same corpus (each data-parallel
+* the model: :func:`ptd.runtime.model.transformer.build_model` on the meta device, then
+  :func:`ptd.runtime.model.init.materialize` with the same seed (the same initial weights);
+* the data: :class:`ptd.runtime.data.loader.DataLoader` over the same corpus (each data-parallel
   rank reads the same rows as ptd's rank of the same index);
 * the optimizer: AdamW on :func:`ptd.runtime.optim.param_groups` (weight decay off for norms
   and biases), ptd's learning-rate schedule (:func:`ptd.runtime.optim.lr_at`), gradient
@@ -46,10 +46,10 @@ def main() -> None:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from ptd.runtime.corpus import Sources, open_stream
-    from ptd.runtime.data import DataLoader
-    from ptd.runtime.init import materialize
-    from ptd.runtime.model import build_model
+    from ptd.runtime.data.corpus import Sources, open_stream
+    from ptd.runtime.data.loader import DataLoader
+    from ptd.runtime.model.init import materialize
+    from ptd.runtime.model.transformer import build_model
     from ptd.runtime.optim import lr_at, param_groups
     from ptd.specs import load_model
     from ptd.specs.config import DataConfig, TrainConfig

@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from ptd.runtime.init import materialize
-from ptd.runtime.model import build_model, lm_loss_sum
+from ptd.runtime.model.init import materialize
+from ptd.runtime.model.transformer import build_model, lm_loss_sum
 from ptd.runtime.optim import clip_grads_, global_grad_norm, squared_norm
 from ptd.specs.model import get_preset
 

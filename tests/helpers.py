@@ -164,7 +164,7 @@ def export_spread() -> list[Any]:
 def forbid_processes(monkeypatch: Any, start_workers: Any = None) -> None:
     """Fail the test if anything starts a worker, a torchrun or any subprocess; with
     ``start_workers``, calls to the launcher go there instead (to record them)."""
-    import ptd.runtime.launch as launch
+    import ptd.runtime.launch.launcher as launch
 
     def boom(*a: Any, **k: Any) -> None:
         raise AssertionError("a worker or a process was started")
@@ -187,7 +187,7 @@ def toy_links() -> Any:
 def ptd_logits(spec: Any, state: Any, tokens: Any) -> Any:
     """Logits of ptd's model ``spec`` with weights ``state`` (CPU, eval, no grad)."""
     import torch
-    from ptd.runtime.model import build_model
+    from ptd.runtime.model.transformer import build_model
     model = build_model(spec, "cpu")
     model.init_buffers()
     model.load_state_dict(state, strict=False)
@@ -199,7 +199,7 @@ def ptd_logits(spec: Any, state: Any, tokens: Any) -> Any:
 def checkpoint_model(path: Path) -> tuple[Any, dict[str, Any]]:
     """(model spec, full state dict) of a ptd checkpoint folder, read in one process."""
     import torch.distributed.checkpoint as dcp
-    from ptd.runtime.model import build_model
+    from ptd.runtime.model.transformer import build_model
     from ptd.runtime.checkpoint import store
     ck = store.read(path)
     sd = dict(build_model(ck.config.model, "cpu").state_dict())

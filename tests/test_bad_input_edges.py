@@ -151,7 +151,7 @@ def test_flags_without_effect_refused(capfd, home, monkeypatch, argv, match):
     ["train", "--model", "tiny", "--nproc", "1", "--hardware", "h100-sxm", "--out", "r"],
 ])
 def test_measuring_against_another_hardware_refused(capfd, home, monkeypatch, argv):
-    import ptd.runtime.launch as launch
+    import ptd.runtime.launch.launcher as launch
     if launch.gpu_count():
         pytest.skip("this host has a GPU: the H100 profile may describe it")
     forbid_processes(monkeypatch)

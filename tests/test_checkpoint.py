@@ -271,7 +271,7 @@ def test_resuming_an_older_checkpoint_in_place_sets_the_newer_history_aside(run_
 @pytest.mark.timeout(120)
 def test_non_finite_state_is_never_saved(run_dir, tmp_path):
     from ptd.runtime.checkpoint.saver import Checkpointer
-    from ptd.runtime.mesh import init_distributed, shutdown
+    from ptd.runtime.parallel.mesh import init_distributed, shutdown
     from ptd.runtime.worker import build_trainer
     cfg = load_config(run_dir / "config.toml").replace(out=str(tmp_path / "run"))
     dims = init_distributed(cfg.plan, 30)
@@ -323,9 +323,9 @@ def test_export_llama_gives_transformers_the_same_logits(run_dir, tmp_path, offl
 
 @pytest.mark.timeout(120)
 def test_gpt2_style_exports_as_gpt2lmheadmodel(tmp_path, offline):
-    from ptd.runtime import hf
-    from ptd.runtime.init import materialize
-    from ptd.runtime.model import build_model
+    from ptd.runtime.checkpoint import hf
+    from ptd.runtime.model.init import materialize
+    from ptd.runtime.model.transformer import build_model
     from ptd.specs import get_preset
     spec = get_preset("tiny-gpt")
     model = materialize(build_model(spec), "cpu", seed=3)
@@ -340,7 +340,7 @@ def test_gpt2_style_exports_as_gpt2lmheadmodel(tmp_path, offline):
 
 
 def test_unmappable_models_are_refused_with_the_reason():
-    from ptd.runtime import hf
+    from ptd.runtime.checkpoint import hf
     from ptd.specs import get_preset
     with pytest.raises(PtdError, match="no Hugging Face class has mlp=swiglu, norm=layernorm"):
         hf.architecture(get_preset("tiny").replace(norm="layernorm"))
@@ -354,7 +354,7 @@ def test_unmappable_models_are_refused_with_the_reason():
 def test_init_from_a_hugging_face_folder(run_dir, env, tmp_path, monkeypatch, capfd):
     from safetensors.torch import load_file
 
-    from ptd.runtime import hf
+    from ptd.runtime.checkpoint import hf
     _, corpus = env
     folder = tmp_path / "hf"
     assert cli("export", run_dir, "--out", folder) == 0

@@ -13,7 +13,7 @@ from ptd.specs import ParallelPlan, get_preset
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-gpt", "small", "gpt2", "llama3-8b", "mixtral-8x7b"])
 def test_cost_params_equal_runtime_parameters(name):
-    from ptd.runtime.model import build_model
+    from ptd.runtime.model.transformer import build_model
     from ptd.runtime.optim import param_groups
 
     spec = get_preset(name)

@@ -25,7 +25,7 @@ def test_zigzag_slices_by_hand():
 
 def _reference(q, k, v, w, cos, sin):
     import torch.nn.functional as F
-    from ptd.runtime.layers import apply_rope
+    from ptd.runtime.model.layers import apply_rope
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
     y = F.scaled_dot_product_attention(
         apply_rope(q, cos, sin).transpose(1, 2), apply_rope(k, cos, sin).transpose(1, 2),
@@ -36,7 +36,7 @@ def _reference(q, k, v, w, cos, sin):
 
 def _worker(rank, world, path, queue):
     import torch.distributed as dist
-    from ptd.runtime.layers import rope_tables
+    from ptd.runtime.model.layers import rope_tables
     from ptd.runtime.parallel.cp import CPAttention
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)

@@ -58,7 +58,7 @@ def test_key_names_cpu_model_cores_and_torch():
 
 
 def test_measured_once_then_cached_and_again_on_another_torch(home, monkeypatch, capsys):
-    from ptd.runtime.measure.compare import resolve_hardware
+    from ptd.runtime.calibrate.first_run import resolve_hardware
     root, calls = home
     path = first_run.ensure_profile("auto")
     assert path == root / "hardware" / f"machine-{first_run.machine_key()}.toml"

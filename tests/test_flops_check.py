@@ -19,7 +19,7 @@ from ptd.specs import get_preset
     ("gpt3-175b", "meta", 1, 2048),
 ])
 def test_cost_model_flops_equal_flop_counter(name, device, batch, seq):
-    from ptd.runtime.flops import training_flops
+    from ptd.runtime.measure.flop_count import training_flops
 
     spec = get_preset(name)
     fwd, total = training_flops(spec, batch, seq, device)
@@ -35,7 +35,7 @@ def test_cost_model_flops_equal_flop_counter(name, device, batch, seq):
 
 @pytest.mark.parametrize("recompute", ["selective", "full"])
 def test_hardware_flops_with_recompute(recompute):
-    from ptd.runtime.flops import training_flops
+    from ptd.runtime.measure.flop_count import training_flops
 
     spec = get_preset("tiny")
     _, total = training_flops(spec, 2, 64, "cpu", recompute=recompute)
@@ -47,7 +47,7 @@ def test_cpu_attention_would_be_missed_without_the_formula():
     import torch.nn.functional as F
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ptd.runtime.flops import register_cpu_attention_flops
+    from ptd.runtime.measure.flop_count import register_cpu_attention_flops
 
     q = k = v = torch.randn(1, 2, 16, 8)
     register_cpu_attention_flops()

@@ -9,8 +9,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from ptd.runtime import hf  # noqa: E402
-from ptd.runtime.model import build_model  # noqa: E402
+from ptd.runtime.checkpoint import hf  # noqa: E402
+from ptd.runtime.model.transformer import build_model  # noqa: E402
 from ptd.specs import load_model  # noqa: E402
 
 

@@ -71,7 +71,7 @@ def test_a_measured_run_replaces_no_method(tmp_path, monkeypatch):
     """A real run in this process (world of one): the probe and the guard are registered
     hooks, no method of the trainer, runner or blocks is replaced, and what they measure
     still reaches metrics.jsonl and summary.json."""
-    from ptd.runtime.model import Block
+    from ptd.runtime.model.transformer import Block
     seen = {}
     train = Trainer.train
 

@@ -10,7 +10,7 @@ import torch
 
 from helpers import forbid_processes
 from ptd.cli import main
-from ptd.runtime import hf
+from ptd.runtime.checkpoint import hf
 from ptd.runtime.checkpoint.restore import expected_params
 from ptd.specs import get_preset
 

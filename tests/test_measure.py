@@ -9,7 +9,7 @@ import torch
 
 from helpers import ok, ptd_train
 
-from ptd.runtime.measure.memory import ActivationTracker, model_state_bytes
+from ptd.runtime.measure.device_memory import ActivationTracker, model_state_bytes
 from ptd.runtime.measure.timeline import Span, analyse_step, comm_kind, mean_breakdown
 
 MAIN, GLOO = 1, 2
@@ -68,7 +68,7 @@ def test_pipeline_stage_waiting_in_the_loss_all_reduce_is_bubble():
     its bubble (the drain), without one it stays unmodelled ``other``."""
     from types import SimpleNamespace
 
-    from ptd.runtime.measure.compare import cost_view
+    from ptd.summary.compare import cost_view
     spans = [sp("ptd:step", 0, 100), sp("ptd:schedule", 0, 60),
              sp("gloo:recv", 0, 10, GLOO),  # fill: waiting for the first activations
              sp("ptd:forward", 10, 30), sp("aten::mm", 10, 30),

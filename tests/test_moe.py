@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from ptd.errors import PtdError
-from ptd.runtime.init import materialize
-from ptd.runtime.model import build_model
-from ptd.runtime.moe import MoE, grouped_mm, step_metrics
+from ptd.runtime.model.init import materialize
+from ptd.runtime.model.transformer import build_model
+from ptd.runtime.model.moe import MoE, grouped_mm, step_metrics
 from ptd.specs import ParallelPlan, get_preset
 
 SPEC = get_preset("tiny-moe")
@@ -193,7 +193,7 @@ def test_bad_moe_input_is_one_line_exit_2(ptd_cli, no_workers, tmp_path, flags, 
 
 
 def test_routing_summary_line_and_report_table():
-    from ptd.runtime.routing import routing_line, routing_summary, routing_table_html
+    from ptd.summary.routing import routing_line, routing_summary, routing_table_html
     recs = [{"step": 1, "moe_tokens_per_expert": [6, 2], "moe_imbalance": 1.5, "moe_dropped": 2,
              "moe_dropped_frac": 0.25, "moe_aux_loss": 1.2, "moe_z_loss": 3.0},
             {"step": 2, "moe_tokens_per_expert": [4, 4], "moe_imbalance": 1.0, "moe_dropped": 0,

@@ -12,7 +12,7 @@ from ptd.commands.bench import bench_status
 from ptd.errors import PtdError
 from ptd.planner import export as X
 from ptd.planner.search import search
-from ptd.runtime.limits import plan_problem
+from ptd.runtime.launch.limits import plan_problem
 from ptd.specs import ClusterSpec, ParallelPlan, get_preset, load_hardware
 from ptd.specs.config import load_config
 

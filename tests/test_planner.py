@@ -6,7 +6,7 @@ import time
 import pytest
 
 from helpers import cluster, gpt
-from ptd.runtime.limits import plan_problem
+from ptd.runtime.launch.limits import plan_problem
 
 from ptd.cost.estimate import FREE_KNOBS, CostOptions, candidates, choose, estimate
 from ptd.cost.flops import megatron_flops_per_iteration

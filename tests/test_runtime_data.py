@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from ptd.errors import PtdError
-from ptd.runtime.corpus import Sources, TokenStream, check_stream, open_stream, stdlib_files
-from ptd.runtime.data import DataLoader, eval_batches
+from ptd.runtime.data.corpus import Sources, TokenStream, check_stream, open_stream, stdlib_files
+from ptd.runtime.data.loader import DataLoader, eval_batches
 from ptd.specs import DataConfig
 
 

@@ -3,8 +3,8 @@
 import pytest
 
 from ptd.errors import PtdError
-from ptd.runtime.fault import FaultInjector, parse
-from ptd.runtime.metrics import final_words, loss_curve, summarize
+from ptd.runtime.resilience.fault import FaultInjector, parse
+from ptd.runtime.measure.runlog import final_words, loss_curve, summarize
 
 
 def test_fault_spec_parsing_and_matching():

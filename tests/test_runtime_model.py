@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ptd.runtime.init import canonical_name, init_plan, materialize, param_seed
-from ptd.runtime.layers import apply_rope, rope_tables
-from ptd.runtime.model import build_model, lm_loss_sum
+from ptd.runtime.model.init import canonical_name, init_plan, materialize, param_seed
+from ptd.runtime.model.layers import apply_rope, rope_tables
+from ptd.runtime.model.transformer import build_model, lm_loss_sum
 from ptd.runtime.optim import clip_grads_, global_grad_norm, lr_at, param_groups
 from ptd.specs import OptimConfig, get_preset
 from ptd.specs.model import PRESETS

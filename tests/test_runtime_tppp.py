@@ -50,7 +50,7 @@ PLANS = [
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.describe())
 def test_stages_and_shards_are_what_the_cost_model_prices(plan, tp):
-    from ptd.runtime.model import build_model
+    from ptd.runtime.model.transformer import build_model
     from ptd.runtime.parallel.pp import split_model
     from ptd.runtime.parallel.tp import apply_tp
     plan = plan.replace(tp=tp, sp=tp > 1, global_batch=16, seq_len=64)
@@ -99,7 +99,7 @@ def _torch_accepts(plan):
 
 
 def test_schedule_checks_refuse_exactly_what_torch_refuses():
-    from ptd.runtime.limits import pp_problem
+    from ptd.runtime.launch.limits import pp_problem
     model = load_model({"preset": "tiny", "n_layers": 12})
     checked = refused = 0
     for pp in (2, 3, 4):
@@ -125,12 +125,12 @@ def test_schedule_checks_refuse_exactly_what_torch_refuses():
     (ParallelPlan(pp=2, dtype="fp16"), "fp16"),
 ])
 def test_pipeline_problems(plan, match):
-    from ptd.runtime.limits import pp_problem
+    from ptd.runtime.launch.limits import pp_problem
     assert match in pp_problem(get_preset("tiny"), plan)
 
 
 def test_pipeline_problems_of_model_and_compile():
-    from ptd.runtime.limits import pp_problem
+    from ptd.runtime.launch.limits import pp_problem
     assert "tied embeddings" in pp_problem(get_preset("tiny-gpt"), ParallelPlan(pp=2))
     assert "compile" in pp_problem(get_preset("tiny"), ParallelPlan(pp=2, schedule="zero-bubble"),
                                    compile=True)
@@ -138,7 +138,7 @@ def test_pipeline_problems_of_model_and_compile():
 
 
 def test_tensor_parallel_problems():
-    from ptd.runtime.limits import tp_problem
+    from ptd.runtime.launch.limits import tp_problem
     assert tp_problem(get_preset("tiny"), ParallelPlan(tp=2, sp=True, zero=1)) is None
     assert "RoPE" in tp_problem(get_preset("tiny-gpt"), ParallelPlan(tp=2, sp=True))
     assert tp_problem(get_preset("tiny-gpt"), ParallelPlan(tp=2)) is None

@@ -108,7 +108,7 @@ def test_launcher_checks_devices_without_torch_where_no_gpu_driver_is(tmp_path):
     out = tmp_path / "run"
     r = _python(f"""
 import sys
-from ptd.runtime import launch
+from ptd.runtime.launch import launcher as launch
 launch._GPU_DRIVER_FILES = ("{tmp_path}/no-such-driver",)
 assert launch.gpu_count() == 0
 from ptd.cli import main
@@ -125,7 +125,7 @@ def test_with_a_gpu_driver_the_launcher_asks_torch(tmp_path):
     driver.write_text("a driver")
     r = _python(f"""
 import sys
-from ptd.runtime import launch
+from ptd.runtime.launch import launcher as launch
 launch._GPU_DRIVER_FILES = ("{driver}",)
 assert "torch" not in sys.modules
 n = launch.gpu_count()
@@ -138,7 +138,7 @@ print(n)
 
 
 def test_cpu_workers_are_forked_unless_torchrun_is_asked_for(monkeypatch):
-    from ptd.runtime import launch
+    from ptd.runtime.launch import launcher as launch
     monkeypatch.setattr(launch, "gpu_count", lambda: 0)
     monkeypatch.delenv("PTD_LAUNCH", raising=False)
     assert launch.fork_ok()
@@ -159,7 +159,8 @@ def test_cpu_workers_fork_from_a_fork_server_not_from_the_agent(monkeypatch, tmp
 
     import torch.distributed.launcher.api as api
 
-    from ptd.runtime import launch, worker
+    from ptd.runtime import worker
+    from ptd.runtime.launch import launcher as launch
     from ptd.specs import TrainConfig
     seen: dict = {}
     monkeypatch.setattr(multiprocessing, "set_forkserver_preload",
@@ -187,7 +188,7 @@ def test_fork_server_and_resource_tracker_are_stopped_before_the_outcome_is_prin
     failed ..."). stop_fork_server ends both, so the outcome line is printed last."""
     from multiprocessing import forkserver, resource_tracker
 
-    from ptd.runtime.launch import stop_fork_server
+    from ptd.runtime.launch.launcher import stop_fork_server
     forkserver.ensure_running()
     resource_tracker.ensure_running()
     assert forkserver._forkserver._forkserver_pid is not None

@@ -60,7 +60,7 @@ def plan(a: argparse.Namespace) -> None:
     if try_k:
         check_writable(a.try_dir, "--try-dir")
     if a.run or try_k:
-        from .runtime.preflight import wrong_hardware
+        from .runtime.launch.preflight import wrong_hardware
         from .specs import load_hardware
         problem = wrong_hardware(load_hardware(a.hardware), _gpus())
         if problem:
@@ -74,7 +74,7 @@ def bench(a: argparse.Namespace) -> None:
     from .safeio import check_writable
     check_writable(a.out, "--out")
     if a.hardware:
-        from .runtime.preflight import wrong_hardware
+        from .runtime.launch.preflight import wrong_hardware
         from .specs import load_hardware
         problem = wrong_hardware(load_hardware(a.hardware), _gpus())
         if problem:
@@ -96,5 +96,5 @@ def train(a: argparse.Namespace, cfg: Any) -> None:
 
 
 def _gpus() -> int:
-    from .runtime.launch import gpu_count
+    from .runtime.launch.launcher import gpu_count
     return gpu_count()

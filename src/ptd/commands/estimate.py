@@ -147,7 +147,7 @@ def run(a: argparse.Namespace) -> int:
     base = ParallelPlan(**fixed)
     base.validate(model if a.ep > 1 else None, cluster.n_devices)
     if free:
-        from ..runtime.limits import plan_problem  # (imports no torch)
+        from ..runtime.launch.limits import plan_problem  # (imports no torch)
         e = choose(model, cluster, base, free, a.tokens, opts,
                    refuse=lambda p: plan_problem(model, p))
     else:

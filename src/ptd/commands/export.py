@@ -53,7 +53,7 @@ def run(a: argparse.Namespace) -> int:
     if ckpt is None:
         from ..runtime.checkpoint.restore import no_usable
         raise PtdError("export: " + no_usable(src, refused).removeprefix("resume: "))
-    from ..runtime import hf
+    from ..runtime.checkpoint import hf
     hf.architecture(ckpt.config.model)  # refuse before reading any tensor
     config, n_tensors, n_params = hf.export(ckpt.path, out)
     print(f"ptd: wrote {out} ({config['architectures'][0]}, {n_tensors} tensors, {n_params:,} "

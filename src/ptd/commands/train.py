@@ -192,8 +192,8 @@ def resolve(a: argparse.Namespace):  # -> tuple[TrainConfig, int]
 
 
 def run(a: argparse.Namespace) -> int:
-    from ..runtime.launch import train
-    from ..runtime.nodes import Nodes, per_node, slurm_script
+    from ..runtime.launch.launcher import train
+    from ..runtime.launch.nodes import Nodes, per_node, slurm_script
     cfg, nproc = resolve(a)
     from .. import flagcheck
     flagcheck.train(a, cfg)  # flags that would be ignored or cannot hold on this host

@@ -413,9 +413,9 @@ class _Walk:
 
 
 def runtime_refuses(model: ModelSpec, plan: ParallelPlan) -> None:
-    """Raise what ``ptd train`` would refuse (:func:`ptd.runtime.limits.plan_problem`; that
+    """Raise what ``ptd train`` would refuse (:func:`ptd.runtime.launch.limits.plan_problem`; that
     module imports no torch), so that a plan ptd prints is one it trains."""
-    from ..runtime.limits import plan_problem
+    from ..runtime.launch.limits import plan_problem
     why = plan_problem(model, plan)
     if why:
         raise PtdError(f"ptd train refuses it: {why}")

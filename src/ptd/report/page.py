@@ -190,7 +190,7 @@ def config_block(run: Run) -> str:
 
 def text_table(s: dict[str, Any]) -> str:
     """The plain-text table ``ptd train`` printed, for copying into an issue."""
-    from ..runtime.measure.compare import comparison_table
+    from ..summary.compare import comparison_table
     try:
         txt = comparison_table(s)
     except (KeyError, TypeError, ValueError, AttributeError):
@@ -221,7 +221,7 @@ def render(run: Run) -> str:
     t = tables.per_rank_time(s)
     if t:
         parts += ["<h2>Time per rank (profiled step)</h2>", '<div class="wide">', t, "</div>"]
-    from ..runtime.routing import routing_table_html
+    from ..summary.routing import routing_table_html
     if moe := routing_table_html(run.metrics):
         parts += ["<h2>Mixture-of-experts routing</h2>", '<div class="wide">', moe, "</div>"]
     parts += ["<h2>Communication per kind</h2>", '<div class="wide">',

@@ -1,7 +1,7 @@
 """HTML tables of a run's summary: predicted vs measured, memory and time per rank,
 communication per kind. Every value goes through :func:`e` (HTML escaping).
 
-The rows follow :func:`ptd.runtime.measure.compare.comparison_table` (the table printed at
+The rows follow :func:`ptd.summary.compare.comparison_table` (the table printed at
 the end of ``ptd train``), with the ratio (measured / predicted) of each row coloured when
 it is off by more than :data:`OFF` either way.
 """
@@ -12,7 +12,7 @@ from html import escape
 from typing import Any, Callable
 
 from ..fmt import duration, gib, pct, si, step_ranges
-from ..runtime.measure.compare import STEP_PARTS, _ratio
+from ..summary.compare import STEP_PARTS, ratio
 from .load import num
 
 OFF = 0.25
@@ -56,7 +56,7 @@ def comparison(s: dict[str, Any]) -> str:
 
     def add(label: str, key: str, mv: Any, pv: Any, fmt: Callable[[float], str],
             depth: int = 0, with_ratio: bool = True) -> None:
-        r = _ratio(num(mv), num(pv)) if with_ratio else None
+        r = ratio(num(mv), num(pv)) if with_ratio else None
         rc = ratio_cell(r)
         if with_ratio and num(pv) == 0 and (num(mv) or 0) > 0:
             rc = '<td class="r hi" title="the cost model predicts none">not predicted</td>'
@@ -124,7 +124,7 @@ def per_rank_memory(s: dict[str, Any]) -> str:
             pv = pm.get(k)
             cells.append(f'<td class="r">{e(f(mv, lambda x: gib(x, 4)))}</td>'
                          f'<td class="r">{e(f(pv, lambda x: gib(x, 4)))}</td>')
-            cells.append(ratio_cell(_ratio(num(mv), num(pv))))
+            cells.append(ratio_cell(ratio(num(mv), num(pv))))
         body.append("<tr>" + "".join(cells) + "</tr>")
     return _table(header, body, "mem")
 

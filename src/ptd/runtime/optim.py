@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..specs import OptimConfig
-from .init import canonical_name
+from .model.init import canonical_name
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ One optimizer step is a fixed sequence of named phases, each run inside
 failure handling (``guard``) attach, as context managers in :attr:`Trainer.phase_hooks`:
 
 1. ``next_batch``        -- this rank's micro-batches (data wait)
-2. ``forward_backward``  -- the :class:`~ptd.runtime.step.StepRunner` (compute, and the
+2. ``forward_backward``  -- the :class:`~ptd.runtime.runner.StepRunner` (compute, and the
                             gradient collectives it overlaps)
 3. ``global_loss``       -- one all-reduce: mean token loss of the global batch
 4. ``clip_gradients``    -- global gradient norm (all-reduces for shards/stages), clipping
@@ -31,14 +31,14 @@ import torch.distributed as dist
 from torch import nn
 
 from ..specs import TrainConfig
-from .data import DataLoader, MicroBatch
-from .fault import FaultInjector
-from .mesh import ParallelDims
-from .metrics import RunLog, summarize
-from .moe import step_metrics as moe_metrics
+from .data.loader import DataLoader, MicroBatch
+from .resilience.fault import FaultInjector
+from .parallel.mesh import ParallelDims
+from .measure.runlog import RunLog, summarize
+from .model.moe import step_metrics as moe_metrics
 from .optim import clip_grads_, global_grad_norm, lr_at, set_lr
 from .precision import Precision
-from .step import StepRunner
+from .runner import StepRunner
 
 
 class Trainer:

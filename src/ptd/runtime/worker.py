@@ -23,21 +23,21 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..specs import TrainConfig, load_config
-from .corpus import Sources, open_stream
-from .data import DataLoader, eval_batches
-from .fault import FaultInjector
-from .mesh import ParallelDims, init_distributed, shutdown
-from .measure.compare import comparison_table
+from .data.corpus import Sources, open_stream
+from .data.loader import DataLoader, eval_batches
+from .resilience.fault import FaultInjector
+from .parallel.mesh import ParallelDims, init_distributed, shutdown
+from ..summary.compare import comparison_table
 from .measure.probe import Probe
-from .metrics import RunLog
-from . import moe
-from .model import build_model
+from .measure.runlog import RunLog
+from .model import moe
+from .model.transformer import build_model
 from .optim import build_optimizer
 from .parallel import parallelize, unwrap
 from .parallel.pp import split_model
 from .precision import Precision
-from .recovery import Recovery
-from .step import make_runner
+from .resilience.recovery import Recovery
+from .runner import make_runner
 from .trainer import Trainer
 
 
@@ -103,7 +103,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         recovery = Recovery.start(cfg, dims, trainer)  # resume / init_from, checkpoints, timeouts
         probe = Probe.attach(trainer, cfg, dims, memory_step=cfg.measure.memory_step,
                              profile_steps=cfg.measure.profile_steps)
-        from .interrupt import Interrupt
+        from .resilience.interrupt import Interrupt
         interrupt = Interrupt.install(trainer, dims, recovery.checkpointer)  # Ctrl-C
         dump = os.environ.get("PTD_DUMP_PARAMS") == "1"
         if dump:

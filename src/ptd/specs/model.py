@@ -1,6 +1,6 @@
 """ModelSpec: the shape of a decoder-only transformer, and nothing else.
 
-The same spec builds the runtime model (``ptd.runtime.model``) and feeds the cost model
+The same spec builds the runtime model (``ptd.runtime.model.transformer``) and feeds the cost model
 (``ptd.cost``), so the parameter count here is exact: it is tested against published counts
 and against the runtime model's ``numel()``.
 

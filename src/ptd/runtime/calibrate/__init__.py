@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from ...specs import tomlio
 from ...specs.hardware import get_hardware_preset, hardware_from_dict
-from .launch import KINDS, make_plan, run_workers, stage_labels
+from .workers import KINDS, make_plan, run_workers, stage_labels
 from .profile import profile_table, summarize
 
 __all__ = ["KINDS", "calibrate", "detect", "gpu_preset", "make_plan", "stage_labels",

@@ -64,7 +64,7 @@ def enabled() -> bool:
 
 
 def _has_gpu() -> bool:
-    from ..launch import gpu_count
+    from ..launch.launcher import gpu_count
     return gpu_count() > 0
 
 
@@ -117,3 +117,17 @@ def _memory() -> float | None:
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def resolve_hardware(name: str, device: str = "cpu") -> tuple[Any, str]:
+    """(HardwareSpec, where it came from) for a ``TrainConfig.hardware`` value."""
+    from ...specs.hardware import hardware_home, load_hardware
+    if name in ("auto", ""):
+        for prof in (machine_profile(), hardware_home() / "calibrated.toml"):
+            if prof.is_file():
+                return load_hardware(str(prof)), str(prof)
+        name = "cpu" if device == "cpu" else "h100-sxm"
+        return load_hardware(name), f"preset {name} (no calibrated profile in {hardware_home()})"
+    hw = load_hardware(name)
+    path = hardware_home() / f"{name}.toml"
+    return hw, (str(path) if path.is_file() and name == hw.name else f"preset {name}")

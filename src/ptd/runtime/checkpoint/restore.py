@@ -42,7 +42,7 @@ from .state import TrainState, rng_template, set_rng_state
 
 def expected_params(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """``{fqn: shape}`` of every distinct parameter of the whole model (meta device)."""
-    from ..model import build_model
+    from ..model.transformer import build_model
     model = build_model(spec, "meta")
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
 

@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from ...specs import TrainConfig
-from ..mesh import ParallelDims
+from ..parallel.mesh import ParallelDims
 from ..optim import lr_at
 from . import store
 from .state import TrainState, nonfinite_anywhere, rng_state

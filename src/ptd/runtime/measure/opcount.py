@@ -35,8 +35,8 @@ class OpCounter(TorchDispatchMode):
 def count_ops(spec: ModelSpec, seq_len: int = 32, batch: int = 2) -> dict[str, int]:
     """Operators of one block forward/backward, the output layer + loss forward/backward,
     and one AdamW step (``foreach=False``, as ptd's single-tensor path) per tensor."""
-    from ..init import materialize
-    from ..model import build_model, lm_loss_sum
+    from ..model.init import materialize
+    from ..model.transformer import build_model, lm_loss_sum
     model = build_model(spec, "meta")
     materialize(model, torch.device("cpu"), seed=0)
     block = model.layers["0"]
@@ -94,8 +94,8 @@ def count_tp_ops(spec: ModelSpec, sp: bool = False, seq_len: int = 32, batch: in
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import loss_parallel
     from ...specs import ParallelPlan
-    from ..init import materialize
-    from ..model import build_model, lm_loss_sum
+    from ..model.init import materialize
+    from ..model.transformer import build_model, lm_loss_sum
     from ..parallel.tp import apply_tp
     model = build_model(spec, "meta")
     mesh = init_device_mesh("cpu", (1,))

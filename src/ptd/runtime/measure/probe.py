@@ -38,7 +38,7 @@ import torch
 from .spans import set_device_sync
 from .spans import span as ptd_span
 
-from .memory import ActivationTracker, grads_of, model_state_bytes
+from .device_memory import ActivationTracker, grads_of, model_state_bytes
 from .timeline import Span, analyse_step, mean_breakdown
 
 
@@ -193,8 +193,8 @@ class Probe:
         trainer.phase_hooks.append(p.hook)
         trainer.record_hooks.append(p.annotate)
         if not cfg.compile:
-            from ..layers import Attention
-            from ..model import Block
+            from ..model.layers import Attention
+            from ..model.transformer import Block
             for m in _modules_of(trainer):
                 for sub in m.modules():
                     if isinstance(sub, (Block, Attention)):
@@ -347,5 +347,8 @@ class Probe:
             ranks = [mine]
         if not self.dims.is_main:
             return {}
-        from .compare import build_report
-        return build_report(self.cfg, ranks, self.clean_steps(), summary)
+        from ...summary.compare import build_report
+        from ..calibrate.first_run import resolve_hardware
+        hw, hw_src = resolve_hardware(self.cfg.hardware,
+                                      str(summary.get("device", "cpu")).split(":")[0])
+        return build_report(self.cfg, ranks, self.clean_steps(), hw, hw_src)

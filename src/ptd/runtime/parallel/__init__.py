@@ -31,8 +31,8 @@ from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ...specs import ParallelPlan
-from ..init import materialize
-from ..mesh import ParallelDims
+from ..model.init import materialize
+from .mesh import ParallelDims
 from .ddp import apply_ddp
 from .fsdp import apply_fsdp
 from .tp import apply_tp
@@ -69,7 +69,7 @@ def parallelize(model: nn.Module, plan: ParallelPlan, dims: ParallelDims, *, see
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The :class:`~ptd.runtime.model.Transformer` inside a DDP wrapper (FSDP2 wraps in
+    """The :class:`~ptd.runtime.model.transformer.Transformer` inside a DDP wrapper (FSDP2 wraps in
     place, so an FSDP model is its own inner model)."""
     return model.module if isinstance(model, DDP) else model
 

@@ -7,7 +7,7 @@ data-parallel and tensor-parallel axes. The data loader and the loss see whole s
 load-balanced split of Llama 3, Dubey et al. 2024, section 3.3.2, and Megatron-Core):
 under the causal mask every rank then does the same attention work.
 
-Attention (:class:`CPAttention`, hooked into :class:`ptd.runtime.layers.Attention`):
+Attention (:class:`CPAttention`, hooked into :class:`ptd.runtime.model.layers.Attention`):
 
 * RoPE rotates each token by its *global* position;
 * K and V are all-gathered over the cp group once per layer (Llama 3's all-gather CP; on
@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from ..data import MicroBatch
+from ..data.loader import MicroBatch
 
 
 def zigzag_positions(local_len: int, cp: int, rank: int, device: Any = None) -> torch.Tensor:
@@ -98,7 +98,7 @@ class CPAttention:
                  rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """``q, k, v``: ``(b, s_local, heads, d)`` of this rank's zig-zag slice; returns the
         attention output in the same layout and dtype as ``q``."""
-        from ..layers import apply_rope
+        from ..model.layers import apply_rope
         n, cp = q.shape[1], self.size
         if rope is not None:
             pos = zigzag_positions(n, cp, self.rank, q.device)
@@ -125,7 +125,7 @@ class CPAttention:
 
 def apply_cp(model: torch.nn.Module, group: dist.ProcessGroup, rank: int, size: int) -> None:
     """Route every attention core of ``model`` through :class:`CPAttention`."""
-    from ..layers import Attention
+    from ..model.layers import Attention
     core = CPAttention(group, rank, size)
     for m in model.modules():
         if isinstance(m, Attention):
@@ -150,7 +150,7 @@ def dp_cp_group(plan: Any) -> dist.ProcessGroup:
 
 
 class SplitSequences:
-    """A :class:`~ptd.runtime.step.StepRunner` that hands the inner runner this rank's
+    """A :class:`~ptd.runtime.runner.StepRunner` that hands the inner runner this rank's
     zig-zag slice of every micro-batch (inputs and targets alike)."""
 
     def __init__(self, inner: Any, cp: int, rank: int) -> None:

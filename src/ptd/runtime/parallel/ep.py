@@ -40,7 +40,7 @@ from torch.distributed.device_mesh import DeviceMesh
 import torch.distributed._functional_collectives as fc
 from torch.distributed.tensor import Shard, distribute_tensor
 
-from ..moe import GroupedExperts
+from ..model.moe import GroupedExperts
 from .ddp import GradAllReduce
 
 

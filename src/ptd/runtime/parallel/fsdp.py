@@ -9,7 +9,7 @@ are reduce-scattered, so every rank keeps 1/dp of parameters, gradients and Adam
 the backward (one extra all-gather, least memory).
 
 Gradient accumulation turns gradient synchronisation off for all but the last micro-step
-(``set_requires_gradient_sync(False)``, see :mod:`ptd.runtime.step`): fewer
+(``set_requires_gradient_sync(False)``, see :mod:`ptd.runtime.runner`): fewer
 reduce-scatters, at the price of holding unsharded gradients during accumulation.
 
 bf16/fp16 use ``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=fp32)``: compute and

@@ -9,7 +9,7 @@ layer counted on the last stage), and virtual stage ``s`` runs on pipeline rank
 the last the final norm and the output layer. These are the cost model's own functions, so
 the layout priced is the layout run.
 
-A rank's model is the whole :class:`~ptd.runtime.model.Transformer` *pruned* to what its
+A rank's model is the whole :class:`~ptd.runtime.model.transformer.Transformer` *pruned* to what its
 stages hold: the blocks it does not run are deleted and ``tok_embeddings``/``norm``/``output``
 are ``None`` where absent. Parameter names are those of the whole model (the seeded
 initialisation, checkpoints and the parity dumps address parameters by them). A rank with
@@ -18,7 +18,7 @@ shares the rank model's modules (no copy) and runs only that stage's part of the
 The chunks, not the rank model, are what the schedule drives and what FSDP wraps as roots.
 
 **Schedules** (``plan.schedule``), with what torch 2.13 requires of the micro-batch count
-``m = global_batch / (micro_batch * dp)`` (checked by :func:`ptd.runtime.limits.pp_problem`
+``m = global_batch / (micro_batch * dp)`` (checked by :func:`ptd.runtime.launch.limits.pp_problem`
 before any worker starts):
 
 ==================  ==================================  ======================================
@@ -46,8 +46,8 @@ from torch import nn
 
 from ...specs.stages import stage_split, stage_to_rank
 from ...specs import ModelSpec, ParallelPlan
-from ..limits import schedule_name
-from ..model import Transformer
+from ..launch.limits import schedule_name
+from ..model.transformer import Transformer
 
 
 def stage_layers(model: ModelSpec, plan: ParallelPlan) -> list[range]:

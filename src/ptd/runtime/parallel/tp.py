@@ -1,7 +1,7 @@
 """Tensor parallelism (Megatron 1-D) and sequence parallelism, through DTensor.
 
 :func:`apply_tp` splits every matrix of a (possibly pipeline-pruned) meta-device
-:class:`~ptd.runtime.model.Transformer` over the ``tp`` sub-mesh with ``parallelize_module``,
+:class:`~ptd.runtime.model.transformer.Transformer` over the ``tp`` sub-mesh with ``parallelize_module``,
 exactly as :mod:`ptd.cost.params` prices it (``Param.tp_dim``):
 
 * attention ``wq``/``wk``/``wv`` and MLP ``w1``/``w3`` are column parallel (output features

@@ -36,8 +36,8 @@ import sys
 import uuid
 from pathlib import Path
 
-from ..errors import PtdError
-from ..specs import TrainConfig
+from ...errors import PtdError
+from ...specs import TrainConfig
 from .nodes import Nodes, torchrun_flags
 
 
@@ -85,16 +85,16 @@ def check_runtime(cfg: TrainConfig, nproc: int, this_host: bool = True) -> None:
             raise PtdError("--tensorboard needs the tensorboard package: "
                            "pip install -e '.[tensorboard]' (scripts/setup installs it)")
     if cfg.resume:  # a usable checkpoint of this same run
-        from .checkpoint.restore import precheck
+        from ..checkpoint.restore import precheck
         precheck(cfg)
     if cfg.init_from and not cfg.resume:
-        from .hf import precheck as hf_precheck
+        from ..checkpoint.hf import precheck as hf_precheck
         hf_precheck(cfg.init_from, cfg.model, cfg.plan.seq_len)
 
 
 def prepare_data(cfg: TrainConfig) -> None:
     """Resolve the data paths, build the token cache, check tokens against the model."""
-    from .corpus import Sources, check_stream, open_stream
+    from ..data.corpus import Sources, check_stream, open_stream
     sources = Sources.resolve(cfg.data)
     stream = open_stream(sources)
     check_stream(stream, sources, cfg.model.vocab_size, cfg.plan.seq_len)
@@ -102,7 +102,7 @@ def prepare_data(cfg: TrainConfig) -> None:
     if len(train) < cfg.plan.seq_len + 1:
         raise PtdError("data: the training split is shorter than one sequence")
     if cfg.eval_every:
-        from .data import eval_batches
+        from ..data.loader import eval_batches
         eval_batches(val, seq_len=cfg.plan.seq_len, global_batch=cfg.plan.global_batch,
                      micro_batch=cfg.plan.micro_batch, dp_rank=0, dp_size=cfg.plan.dp, max_steps=1)
 
@@ -166,7 +166,7 @@ def fork_workers(cfg: TrainConfig, config_path: Path, nproc: int, log_dir: Path,
     The fork server has one thread (its imports start none). CPU only: a forked CUDA context is unusable, so GPU
     hosts keep torchrun. Nothing runs a torch op before the fork (a forked OpenMP pool would
     hang the workers)."""
-    from .interrupt import Forward
+    from ..resilience.interrupt import Forward
     saved = dict(os.environ)
     os.environ.update(worker_env(cfg))  # before torch is imported: its thread pools read it
     try:
@@ -184,7 +184,7 @@ def fork_workers(cfg: TrainConfig, config_path: Path, nproc: int, log_dir: Path,
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-        from . import worker
+        from .. import worker
         n = nodes.nnodes if nodes else 1
         config = LaunchConfig(min_nodes=n, max_nodes=n, nproc_per_node=nproc,
                               run_id=nodes.rdzv_id if nodes else str(uuid.uuid4()),
@@ -229,7 +229,7 @@ def start_workers(cfg: TrainConfig, config_path: Path, nproc: int,
                   nodes: Nodes | None = None, log_dir: Path | None = None) -> int:
     """Run the workers to completion; return the exit code for ``ptd train``."""
     if nproc == 1 and nodes is None:
-        from .worker import run
+        from ..worker import run
         run(cfg)
         return stopped(cfg)
     log_dir = log_dir or Path(cfg.out) / "torchrun"
@@ -277,7 +277,7 @@ def train(cfg: TrainConfig, nproc: int, dry_run: bool = False, nodes: Nodes | No
     """Validate, prepare, write ``OUT/config.toml``, and (unless ``dry_run``) train.
     ``nodes``: this node's part of a multi-node job (:mod:`.nodes`); ``nproc`` is then the
     workers on this node."""
-    from ..safeio import run_lock
+    from ...safeio import run_lock
     from .preflight import preflight
     if nodes:
         nodes.validate()
@@ -298,6 +298,6 @@ def train(cfg: TrainConfig, nproc: int, dry_run: bool = False, nodes: Nodes | No
         if dry_run:
             print(f"ptd: wrote {config_path} ({cfg.plan.describe()}, {nproc} worker(s)); not training")
             return 0
-        from .calibrate.first_run import ensure_profile
+        from ..calibrate.first_run import ensure_profile
         ensure_profile(cfg.hardware)  # the first run on a machine measures it (auto hardware)
         return start_workers(cfg, config_path, nproc, nodes, log_dir)

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import PtdError
-from ..specs import DataConfig
+from ...errors import PtdError
+from ...specs import DataConfig
 
 
 def cache_dir() -> Path:

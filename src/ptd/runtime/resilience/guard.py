@@ -29,7 +29,7 @@ from typing import Any, Iterator
 
 import torch.distributed as dist
 
-from ..specs import ParallelPlan
+from ...specs import ParallelPlan
 
 
 class CollectiveTimeout(RuntimeError):

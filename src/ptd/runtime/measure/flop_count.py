@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch.utils import flop_counter as fc
 
-from ..specs import ModelSpec
+from ...specs import ModelSpec
 
 _registered = False
 
@@ -50,8 +50,8 @@ def training_flops(spec: ModelSpec, batch: int, seq_len: int, device: str = "met
     """(forward, forward+backward) FLOPs of one training step of ``batch`` sequences, as
     ``FlopCounterMode`` counts them on the runtime model. ``recompute`` adds what
     activation checkpointing executes again (hardware FLOPs)."""
-    from .init import materialize
-    from .model import build_model, lm_loss_sum
+    from ..model.init import materialize
+    from ..model.transformer import build_model, lm_loss_sum
 
     register_cpu_attention_flops()
     model = build_model(spec, device)

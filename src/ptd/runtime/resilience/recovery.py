@@ -2,7 +2,7 @@
 
 :meth:`Recovery.start` (after the trainer is built, before the first step):
 
-1. starts the :class:`~ptd.runtime.guard.Watch` (collective timeouts that name the rank,
+1. starts the :class:`~ptd.runtime.resilience.guard.Watch` (collective timeouts that name the rank,
    the operation and the stuck peer) and registers it as a phase hook of the trainer;
 2. picks a checkpoint to resume from (``resume``, or this run's own newest good one after
    an elastic restart; :mod:`ptd.runtime.checkpoint.restore`) and loads it -- or, with no
@@ -18,11 +18,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..specs import TrainConfig
-from .checkpoint import restore, store
-from .checkpoint.saver import Checkpointer, checkpoint_root
+from ...specs import TrainConfig
+from ..checkpoint import restore, store
+from ..checkpoint.saver import Checkpointer, checkpoint_root
 from .guard import Watch
-from .mesh import ParallelDims
+from ..parallel.mesh import ParallelDims
 
 
 class Recovery:
@@ -59,7 +59,7 @@ class Recovery:
                  f"({time.perf_counter() - t0:.1f} s; {rng})")
             self.resumed_from = str(ckpt.path)
         elif cfg.init_from:
-            from .hf import load_into
+            from ..checkpoint.hf import load_into
             n = load_into(trainer.model, cfg.init_from, cfg.model)
             note(f"ptd: initial weights from {cfg.init_from} ({n} tensors)")
         elif cfg.resume == "auto" or restore.restart_count() > 0:

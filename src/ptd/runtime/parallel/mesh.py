@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from ..errors import PtdError
-from ..specs import ParallelPlan
-from ..specs.layout import AXES, Axis, coords, mesh_shape
+from ...errors import PtdError
+from ...specs import ParallelPlan
+from ...specs.layout import AXES, Axis, coords, mesh_shape
 
 
 @dataclass

@@ -8,7 +8,7 @@ counts are ``ParallelPlan.validate``'s; these are the runtime's own limits.
 
 from __future__ import annotations
 
-from ..specs import ModelSpec, ParallelPlan
+from ...specs import ModelSpec, ParallelPlan
 
 
 def schedule_name(plan: ParallelPlan) -> str:
@@ -80,7 +80,7 @@ def plan_problem(model: ModelSpec, plan: ParallelPlan, *, compile: bool = False)
     rejects such plans in its search, ``ptd estimate`` refuses them, every export refuses
     them, and ``ptd train`` refuses them before starting -- so a plan ptd prints or exports
     is one it trains. (What depends on the host -- fp16 needs a GPU, MoE training -- is
-    ``ptd.runtime.launch.check_runtime``'s.)"""
+    ``ptd.runtime.launch.launcher.check_runtime``'s.)"""
     return (tp_problem(model, plan) or pp_problem(model, plan, compile=compile)
             or dp_problem(model, plan) or cp_problem(model, plan))
 

@@ -23,7 +23,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from ..errors import PtdError
+from ...errors import PtdError
 
 ACTIONS = ("crash", "kill", "hang", "nan")
 

@@ -17,7 +17,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from ..errors import PtdError
+from ...errors import PtdError
 
 FLOAT_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
 

@@ -27,7 +27,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import PtdError
+from ...errors import PtdError
 
 
 @dataclass(frozen=True)

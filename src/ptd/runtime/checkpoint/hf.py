@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from ..errors import PtdError
-from ..specs import ModelSpec
+from ...errors import PtdError
+from ...specs import ModelSpec
 
 
 # ----------------------------------------------------------------- architecture
@@ -222,7 +222,7 @@ def save_folder(state: dict[str, torch.Tensor], spec: ModelSpec, out: Path,
 
 def read_config(folder: str | Path) -> tuple[ModelSpec, dict[str, Any]]:
     """The :class:`ModelSpec` of a Hugging Face folder, or :class:`PtdError`."""
-    from ..specs.model import _from_hf_config
+    from ...specs.model import _from_hf_config
     folder = Path(folder)
     path = folder / "config.json"
     if not folder.is_dir():
@@ -269,7 +269,7 @@ def weight_files(folder: Path) -> list[Path]:
 
 
 def check_matches(hf_spec: ModelSpec, run: ModelSpec, seq_len: int, where: str) -> None:
-    from .checkpoint.store import model_differences
+    from .store import model_differences
     diffs = model_differences(hf_spec, run)
     if diffs:
         raise PtdError(f"init_from: {where} holds another model than this run's "
@@ -303,7 +303,7 @@ def read_folder(folder: str | Path, run: ModelSpec) -> dict[str, torch.Tensor]:
     from .weights_check import check_tensors
     check_tensors(tensors, str(folder))
     state = from_hf(tensors, run)
-    from .checkpoint.restore import expected_params
+    from .restore import expected_params
     for name, shape in expected_params(run).items():
         if tuple(state[name].shape) != shape:
             raise PtdError(f"init_from: {name} has shape {tuple(state[name].shape)}, expected {shape}")
@@ -334,8 +334,8 @@ def export(ckpt_path: Path, out: Path) -> tuple[dict[str, Any], int, int]:
 
     import torch.distributed.checkpoint as dcp
 
-    from .checkpoint import store
-    from .checkpoint.restore import expected_params
+    from . import store
+    from .restore import expected_params
     ckpt = store.read(ckpt_path)
     spec = ckpt.config.model
     architecture(spec)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import PtdError
+from ...errors import PtdError
 from .corpus import TokenStream
 
 

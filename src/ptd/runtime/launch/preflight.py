@@ -17,9 +17,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import PtdError
-from ..safeio import check_writable
-from ..specs import TrainConfig
+from ...errors import PtdError
+from ...safeio import check_writable
+from ...specs import TrainConfig
 
 GiB = 2**30
 
@@ -45,7 +45,7 @@ def wrong_hardware(hw: Any, gpus: int) -> str | None:
 
 
 def resolve_hardware(cfg: TrainConfig, gpus: int) -> Any:
-    from .measure.compare import resolve_hardware as resolve
+    from ..calibrate.first_run import resolve_hardware as resolve
     hw, _ = resolve(cfg.hardware, "cuda" if gpus else "cpu")
     return hw
 
@@ -55,8 +55,8 @@ def check_memory(cfg: TrainConfig, nproc: int, hw: Any) -> None:
     host = host_memory_bytes()
     if host is None:
         return
-    from ..cost.estimate import estimate
-    from ..specs import ClusterSpec
+    from ...cost.estimate import estimate
+    from ...specs import ClusterSpec
     per_worker = estimate(cfg.model, ClusterSpec(hw, cfg.plan.world_size), cfg.plan).memory.total
     need = per_worker * nproc
     if need > host:
@@ -69,8 +69,8 @@ def final_step_note(cfg: TrainConfig) -> str | None:
     """The note to print when ``resume``'s checkpoint is already at ``steps`` (or past)."""
     if not cfg.resume:
         return None
-    from .checkpoint import store
-    from .checkpoint.saver import checkpoint_root
+    from ..checkpoint import store
+    from ..checkpoint.saver import checkpoint_root
     ref = checkpoint_root(cfg) if cfg.resume == "auto" else Path(cfg.resume)
     ckpt = store.newest_good(ref, deep=False)
     if ckpt is None or ckpt.step < cfg.steps:
@@ -81,7 +81,7 @@ def final_step_note(cfg: TrainConfig) -> str | None:
 
 def preflight(cfg: TrainConfig, nproc: int, dry_run: bool) -> str | None:
     """Run every check; return a note that means "done, nothing to run", or None."""
-    from .launch import gpu_count
+    from .launcher import gpu_count
     gpus = gpu_count()
     hw = resolve_hardware(cfg, gpus)
     if not dry_run:

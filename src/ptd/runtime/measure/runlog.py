@@ -55,7 +55,7 @@ def summarize(records: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     vals = [r["val_loss"] for r in records if "val_loss" in r]
     if vals:
         out["val_loss"] = vals[-1]
-    from .routing import routing_summary
+    from ...summary.routing import routing_summary
     if (moe := routing_summary(records)) is not None:
         out["moe"] = moe
     out.update(extra)
@@ -74,7 +74,7 @@ def final_words(s: dict[str, Any]) -> str:
         f"(mean after step 1); {s['tokens']:,} tokens",
     ]
     if s.get("moe"):
-        from .routing import routing_line
+        from ...summary.routing import routing_line
         lines.append(routing_line(s["moe"]))
     if s["status"] != "ok":
         lines.append(f"ptd: {s['status']}")
@@ -107,7 +107,7 @@ class RunLog:
         self.records.append(rec)
         if not self.enabled:
             return
-        from ..safeio import dumps_strict  # NaN/inf -> null + reason: every line is JSON
+        from ...safeio import dumps_strict  # NaN/inf -> null + reason: every line is JSON
         self._file.write(dumps_strict(rec) + "\n")
         self._file.flush()
         if self._tb is not None:
@@ -132,7 +132,7 @@ class RunLog:
             return
         self._bar.close()
         self._file.close()
-        from ..safeio import atomic_write_text, dumps_strict
+        from ...safeio import atomic_write_text, dumps_strict
         atomic_write_text(self.out / "summary.json", dumps_strict(summary, indent=2) + "\n")
         if self._tb is not None:
             self._summary_to_tensorboard(summary)
@@ -146,7 +146,7 @@ class RunLog:
             for k, v in _flat(summary.get(side) or {}).items():
                 self._tb.add_scalar(f"{side}/{k}", v, step)
         if summary.get("measured"):
-            from .measure.compare import comparison_table
+            from ...summary.compare import comparison_table
             self._tb.add_text("predicted_vs_measured",
                               "```\n" + comparison_table(summary) + "\n```", step)
         self._tb.close()

@@ -34,8 +34,8 @@ from torch import nn
 from .measure.spans import span
 from torch.distributed.tensor import DTensor
 
-from .data import MicroBatch
-from .model import lm_loss_sum
+from .data.loader import MicroBatch
+from .model.transformer import lm_loss_sum
 from .parallel import gradient_sync
 from .precision import Precision
 
@@ -233,6 +233,6 @@ def make_runner(model: nn.Module, stage_modules: Sequence[nn.Module], stage_ids:
             return build_schedule(chunks, ids, plan, dims.group("pp"), dims.device, loss_fn)
         runner = PipelineRunner(build, ForwardOnly(chunks, ids, plan, dims.group("pp")), precision,
                                 loss_context, sync)
-        from .moe import exclude_metadata_inference
+        from .model.moe import exclude_metadata_inference
         exclude_metadata_inference(runner.schedule)  # MoE routing statistics: real tokens only
     return SplitSequences(runner, plan.cp, dims.coords["cp"]) if plan.cp > 1 else runner

@@ -8,7 +8,7 @@ nanoGPT-plain on purpose; the structure is what the parallel dimensions rely on:
   layout-independent initialisation address parameters by these names), and ``forward``
   skips whatever is ``None`` -- a middle stage maps hidden states to hidden states;
 * the model is built on the ``meta`` device (no memory, any size), parallelised there, and
-  only then materialised and initialised (:mod:`ptd.runtime.init`);
+  only then materialised and initialised (:mod:`ptd.runtime.model.init`);
 * activation checkpointing is a per-block switch (``Block.recompute``), not a wrapper
   module, so it does not change parameter names either.
 
@@ -20,10 +20,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from .measure.spans import span
+from ..measure.spans import span
 from torch.utils.checkpoint import checkpoint
 
-from ..specs import ModelSpec
+from ...specs import ModelSpec
 from .layers import Attention, Rope, make_ffn, make_norm, rope_tables
 
 
@@ -69,7 +69,7 @@ class Block(nn.Module):
 
 
 def _embedding(n: int, dim: int) -> nn.Embedding:
-    # Left uninitialised, as every weight here is until ptd.runtime.init fills it: on the meta
+    # Left uninitialised, as every weight here is until ptd.runtime.model.init fills it: on the meta
     # device nn.Embedding's own normal_ imports torch._dynamo, ~2 s of CPU per worker (measured).
     return nn.Embedding(n, dim, _weight=torch.empty(n, dim))
 
@@ -136,7 +136,7 @@ def build_model(spec: ModelSpec, device: torch.device | str = "meta") -> Transfo
     """The whole model on ``device`` (``meta`` by default: shapes only, no memory).
 
     On a real device the weights are *not* initialised; call
-    :func:`ptd.runtime.init.materialize` (which also handles the meta case)."""
+    :func:`ptd.runtime.model.init.materialize` (which also handles the meta case)."""
     with torch.device(device):
         return Transformer(spec)
 

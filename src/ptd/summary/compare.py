@@ -5,10 +5,8 @@ Pure Python apart from what it is handed (no torch), so ``ptd report`` and ``ptd
 use it on saved results too.
 
 **The prediction** is :func:`ptd.cost.estimate.estimate` for the resolved plan on the run's
-hardware (``TrainConfig.hardware``; ``auto``: this machine's profile,
-:func:`ptd.runtime.calibrate.first_run.machine_profile`, else the one ``ptd calibrate``
-wrote, ``$PTD_HOME/hardware/calibrated.toml``, else the device's preset) with as
-many devices as the run has workers, and per rank
+hardware (resolved by the runtime: :func:`ptd.runtime.calibrate.first_run.resolve_hardware`)
+with as many devices as the run has workers, and per rank
 :func:`ptd.cost.memory.model_state_elements` and
 :func:`ptd.cost.memory.activation_bytes` for that rank's pipeline stage.
 
@@ -39,38 +37,23 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from ...cost import metrics as M
-from ...fmt import duration, gib, pct, si, table
+from ..cost import metrics as M
+from ..fmt import duration, gib, pct, si, table
 
 STEP_PARTS = ("compute", "forward", "backward", "recompute", "tp_comm", "pp_comm",
               "dp_comm_exposed", "bubble", "optimizer")
 
 
-def resolve_hardware(name: str, device: str = "cpu") -> tuple[Any, str]:
-    """(HardwareSpec, where it came from) for a ``TrainConfig.hardware`` value."""
-    from ...specs.hardware import hardware_home, load_hardware
-    if name in ("auto", ""):
-        from ..calibrate.first_run import machine_profile
-        for prof in (machine_profile(), hardware_home() / "calibrated.toml"):
-            if prof.is_file():
-                return load_hardware(str(prof)), str(prof)
-        name = "cpu" if device == "cpu" else "h100-sxm"
-        return load_hardware(name), f"preset {name} (no calibrated profile in {hardware_home()})"
-    hw = load_hardware(name)
-    path = hardware_home() / f"{name}.toml"
-    return hw, (str(path) if path.is_file() and name == hw.name else f"preset {name}")
-
-
 def predict(model: Any, plan: Any, hardware: Any) -> Any:
-    from ...cost.estimate import estimate
-    from ...specs import ClusterSpec
+    from ..cost.estimate import estimate
+    from ..specs import ClusterSpec
     return estimate(model, ClusterSpec(hardware, plan.world_size), plan)
 
 
 def predicted_rank_memory(model: Any, plan: Any, pp_rank: int, dp_rank: int,
                           hardware: Any = None) -> dict[str, float]:
-    from ...cost.estimate import CostOptions, fused_norm
-    from ...cost.memory import activation_bytes, model_state_elements, state_bytes_per_param
+    from ..cost.estimate import CostOptions, fused_norm
+    from ..cost.memory import activation_bytes, model_state_elements, state_bytes_per_param
     e = model_state_elements(model, plan, pp_rank, dp_rank)
     pb, gb, ob = state_bytes_per_param(plan.dtype, "ptd")
     d = {"params": e.params * pb, "grads": e.grads * gb, "optimizer": e.optimizer * ob}
@@ -120,19 +103,20 @@ def cost_view(parts: dict[str, float], by_phase: dict[str, dict[str, float]], pl
     return out
 
 
-def _ratio(m: float | None, p: float | None) -> float | None:
+def ratio(m: float | None, p: float | None) -> float | None:
+    """measured / predicted; None where either is missing, zero or not finite."""
     if m is None or p is None or not p or not math.isfinite(m):
         return None
     return m / p
 
 
 def build_report(cfg: Any, ranks: Sequence[dict[str, Any]], clean_steps: Sequence[int],
-                 summary: dict[str, Any]) -> dict[str, Any]:
+                 hw: Any, hw_src: str) -> dict[str, Any]:
     """``measured``, ``predicted``, ``ratio`` (and ``per_rank``, ``hardware``, ``notes``)
-    for ``summary.json`` from every rank's :meth:`Probe.local_result`."""
-    from ...cost.flops import flops_per_token
+    for ``summary.json`` from every rank's :meth:`Probe.local_result`, the prediction made
+    for hardware ``hw`` (found at ``hw_src``)."""
+    from ..cost.flops import flops_per_token
     plan, model = cfg.plan, cfg.model
-    hw, hw_src = resolve_hardware(cfg.hardware, str(summary.get("device", "cpu")).split(":")[0])
     est = predict(model, plan, hw)
     times = ranks[0]["step_times"]
     clean = [times[s] for s in clean_steps if s in times] or list(times.values())
@@ -234,17 +218,17 @@ def _memory(per_rank: list[dict[str, Any]], measured: dict[str, Any],
 
 def _ratios(measured: dict[str, Any], predicted: dict[str, Any]) -> dict[str, Any]:
     """measured / predicted for every headline figure, breakdown part and memory part."""
-    ratio: dict[str, Any] = {
-        k: _ratio(measured.get(k), predicted.get(k))
+    out: dict[str, Any] = {
+        k: ratio(measured.get(k), predicted.get(k))
         for k in ("step_time_s", "tokens_per_s", "tokens_per_s_per_device", "samples_per_s",
                   "tflops_per_device", "mfu", "hfu")}
     if "breakdown" in measured:
-        ratio["breakdown"] = {k: _ratio(measured["breakdown"][k], predicted["breakdown"][k])
-                              for k in STEP_PARTS}
+        out["breakdown"] = {k: ratio(measured["breakdown"][k], predicted["breakdown"][k])
+                            for k in STEP_PARTS}
     if "memory" in measured:
-        ratio["memory"] = {k: _ratio(measured["memory"][k], predicted["memory"][k])
-                           for k in predicted["memory"]}
-    return ratio
+        out["memory"] = {k: ratio(measured["memory"][k], predicted["memory"][k])
+                         for k in predicted["memory"]}
+    return out
 
 
 def _f(x: Any, fmt: Any) -> str:
@@ -258,7 +242,7 @@ def comparison_table(s: dict[str, Any]) -> str:
 
     def add(label: str, mv: Any, pv: Any, fmt: Any, rv: Any = "auto") -> None:
         if rv == "auto":
-            rv = _ratio(mv, pv)
+            rv = ratio(mv, pv)
         rows.append((label, _f(mv, fmt), _f(pv, fmt), "-" if rv is None else f"{rv:.2f}"))
 
     add("step time", m["step_time_s"], p["step_time_s"], duration)
@@ -298,5 +282,5 @@ def comparison_table(s: dict[str, Any]) -> str:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    from ...safeio import atomic_write_text, dumps_strict
+    from ..safeio import atomic_write_text, dumps_strict
     atomic_write_text(path, dumps_strict(obj, indent=2, default=str) + "\n")

@@ -1,7 +1,7 @@
 """Mixture-of-experts routing over a run, from the per-step records (no torch): the summary
 ``summary.json`` keeps, the end-of-run line of ``ptd train`` and the table of ``ptd report``.
 
-Per step, :func:`ptd.runtime.moe.step_metrics` records ``moe_tokens_per_expert``,
+Per step, :func:`ptd.runtime.model.moe.step_metrics` records ``moe_tokens_per_expert``,
 ``moe_imbalance`` (worst layer's max/mean assignments per expert), ``moe_dropped``,
 ``moe_dropped_frac``, ``moe_aux_loss`` and ``moe_z_loss``.
 """

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from ..specs import ModelSpec
+from ...specs import ModelSpec
 
 
 def _local(w: torch.Tensor) -> torch.Tensor:
@@ -110,7 +110,7 @@ class GroupedExperts(nn.Module):
         """``x`` sorted by (global) expert, ``counts`` per global expert."""
         if self.ep_group is None:
             return self.compute(x, counts)
-        from .parallel.ep import expert_parallel_forward
+        from ..parallel.ep import expert_parallel_forward
         return expert_parallel_forward(self, x, counts, self.ep_group)
 
 

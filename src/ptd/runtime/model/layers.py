@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from .measure.spans import span
+from ..measure.spans import span
 from torch.utils.checkpoint import checkpoint
 
-from ..specs import ModelSpec
+from ...specs import ModelSpec
 
 
 class RMSNorm(nn.Module):

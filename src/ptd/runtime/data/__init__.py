@@ -1,0 +1,1 @@
+"""Where tokens come from and the batches cut from them."""

@@ -1,0 +1,1 @@
+"""Starting a run: checks before anything starts, the launcher, several nodes."""

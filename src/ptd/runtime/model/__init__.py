@@ -1,0 +1,1 @@
+"""The model: the transformer, its layers and experts, and its layout-independent init."""

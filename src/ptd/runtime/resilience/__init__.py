@@ -1,0 +1,1 @@
+"""Surviving faults: collective timeouts, fault injection, restarts, Ctrl-C."""

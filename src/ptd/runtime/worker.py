@@ -72,7 +72,7 @@ def build_trainer(cfg: TrainConfig, dims: ParallelDims) -> Trainer:
     plan = cfg.plan
     # Dropout streams differ per replica and pipeline rank, not between tensor-parallel peers:
     # their replicated activations (the residual stream) must get the same masks.
-    torch.manual_seed(cfg.seed * 100_003 + dims.rank // plan.tp)
+    dims.seed_rng(cfg.seed)
     model, stage_modules, stage_ids = split_model(build_model(cfg.model), plan, dims.coords["pp"])
     model = parallelize(model, plan, dims, seed=cfg.seed, compile=cfg.compile, roots=stage_modules)
     # MoE: auxiliary-loss scale (the runners' loss is per replica token); stats once per tp group

@@ -18,9 +18,10 @@ all starts from scratch (as does an elastic restart before the first checkpoint)
 What a resume restores: parameters and AdamW states (resharded to the new layout by
 ``torch.distributed.checkpoint``), the optimizer step, the data position (a global sample
 counter: it means the same on any number of replicas), the logged metrics up to the step,
-and -- when the layout is the same -- each rank's RNG state. On another layout rank ``r``
-is reseeded from ``(seed, r, step)``: RNG streams belong to ranks and do not survive
-resharding. The learning rate is a function of the step and this run's config.
+and -- when the layout is the same -- each rank's RNG state. On another layout each rank is
+reseeded from ``(seed, its random stream, step)`` (``ParallelDims.seed_rng``: one stream per
+replica and pipeline rank, shared by tensor-parallel peers, as at the start): saved RNG
+states belong to ranks of the old layout and do not survive resharding. The learning rate is a function of the step and this run's config.
 """
 
 from __future__ import annotations
@@ -190,10 +191,6 @@ def same_layout(ckpt: store.Checkpoint, cfg: TrainConfig, world_size: int) -> bo
     return all(saved.get(k) == mine[k] for k in ("world_size", "pp", "dp", "tp"))
 
 
-def reseed(seed: int, rank: int, step: int) -> int:
-    return ((seed * 100_003 + rank) * 1_000_003 + step) & ((1 << 63) - 1)
-
-
 def rebuild_ddp_buckets(model: Any, device: torch.device) -> bool:
     """Make a resumed DDP run reduce gradients in the same buckets as an uninterrupted one.
 
@@ -234,7 +231,9 @@ def load_into(trainer: Any, ckpt: store.Checkpoint, cfg: TrainConfig, dims: Any)
     if keep_rng:
         set_rng_state(target["rng"][key], dims.device)
     else:
-        torch.manual_seed(reseed(cfg.seed, dims.rank, ckpt.step))
+        # a stream per replica, shared by tp peers, as at the start (never the global rank:
+        # tp peers would then draw different masks for the activations they share)
+        dims.seed_rng(cfg.seed, ckpt.step)
     if ckpt.step > 0:
         rebuild_ddp_buckets(trainer.model, dims.device)
     trainer.step = ckpt.step

@@ -26,6 +26,17 @@ from ...specs import ParallelPlan
 from ...specs.layout import AXES, Axis, coords, mesh_shape
 
 
+def rng_stream(rank: int, tp: int) -> int:
+    """:attr:`ParallelDims.rng_stream` of global ``rank`` (tp peers are consecutive ranks)."""
+    return rank // tp
+
+
+def stream_seed(seed: int, stream: int, step: int = 0) -> int:
+    """The seed of random ``stream`` at ``step``: at the start of a run (step 0) and after a
+    resume onto another layout, where saved RNG states no longer belong to anyone."""
+    return ((seed * 100_003 + stream) * 1_000_003 + step) & ((1 << 63) - 1)
+
+
 @dataclass
 class ParallelDims:
     """Who this rank is, where it sits in the grid, and the mesh to build groups from."""
@@ -51,6 +62,19 @@ class ParallelDims:
     @property
     def dp_size(self) -> int:
         return self.plan.dp
+
+    @property
+    def rng_stream(self) -> int:
+        """Which random stream (dropout masks) this rank draws from: one per pipeline rank,
+        data-parallel replica and context-parallel slice, the same for tensor-parallel peers,
+        whose replicated activations (the residual stream, the embedding) need the same
+        masks (Megatron-LM seeds its default generator so too)."""
+        return rng_stream(self.rank, self.plan.tp)
+
+    def seed_rng(self, seed: int, step: int = 0) -> None:
+        """Seed this rank's generator for its :attr:`rng_stream` at ``step`` (the start of a
+        run, or a resume onto another layout)."""
+        torch.manual_seed(stream_seed(seed, self.rng_stream, step))
 
     @property
     def is_main(self) -> bool:

@@ -54,7 +54,7 @@ class Recovery:
             same = restore.load_into(trainer, ckpt, cfg, dims)
             layout = ckpt.manifest["layout"]
             rng = ("RNG states restored" if same else
-                   f"layout changed from {layout.get('plan')}: RNG reseeded per rank")
+                   f"layout changed from {layout.get('plan')}: RNG reseeded per replica (tp peers share a stream)")
             note(f"ptd: resumed from {ckpt.path} at step {ckpt.step} "
                  f"({time.perf_counter() - t0:.1f} s; {rng})")
             self.resumed_from = str(ckpt.path)

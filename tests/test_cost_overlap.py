@@ -94,3 +94,23 @@ def test_loss_matches_hand_ratio_for_one_product_model() -> None:
     loss = busy.overlap / hidden
     assert loss <= 1.0 and loss > 0
     assert math.isfinite(loss)
+
+
+def test_the_estimate_says_when_communication_bounds_the_step(ptd_cli) -> None:
+    # Llama 3 70B, ZeRO-3 over 1024 H100s, one 1024-token sequence each. By hand: the gathers
+    # (bf16, forward and again backward) and the fp32 reduce-scatter move 2*2 + 4 = 8 bytes
+    # per parameter, 70.6e9 * 8 = 565 GB per step, at best over a node's 8 NICs of 50 GB/s at
+    # 80% (320 GB/s): >= 1.7 s; the compute is ~6 * 70.6e9 * 1024 FLOPs at 80% of 989
+    # TFLOP/s: ~0.55 s. Communication cannot hide behind it.
+    rc, out, err = ptd_cli("estimate", "--model", "llama3-70b", "--hardware", "h100-sxm",
+                           "--gpus", "1024", "--global-batch", "1024", "--seq-len", "1024",
+                           "--zero", "3", "--tp", "1", "--pp", "1", "--micro-batch", "1", "--json")
+    assert rc == 0, err
+    import json
+    d = json.loads(out)
+    assert d["bound"] == "dp_comm_exposed"
+    assert d["bound_text"].startswith("communication-bound")
+    assert d["step_time_s"]["dp_comm_total"] >= 1.7
+    # and 8 GPUs of the 8B model are compute-bound
+    rc, out, _ = ptd_cli("estimate", "--model", "llama3-8b", "--hardware", "h100-sxm", "--gpus", "8")
+    assert rc == 0 and "compute-bound: the largest part is computation" in out

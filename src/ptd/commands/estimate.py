@@ -197,7 +197,8 @@ def render(e, extra: dict[str, str] | None = None) -> str:
         rows.append(("cp_comm", duration(st.cp_comm),
                      f"{pct(st.cp_comm / st.total)} (of {duration(st.cp_comm_total)} K/V exchange)"))
     rows.append(("total", duration(st.total), ""))
-    lines += ["", "step time", table(rows, header=("part", "time", "share"), align="lrr")]
+    lines += ["", "step time", table(rows, header=("part", "time", "share"), align="lrr"),
+              st.bound()]
     n = c.n_devices
     rows = [("tokens/s", si(e.tokens_per_s)), ("tokens/s per device", si(e.tokens_per_s / n)),
             ("model TFLOP/s per device", f"{e.flops.model * e.tokens_per_s / n / 1e12:.1f}"),

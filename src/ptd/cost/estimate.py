@@ -116,6 +116,8 @@ class Estimate:
             "memory_capacity_bytes": self.cluster.hardware.usable_memory,
             "fits": self.memory.fits,
             "step_time_s": self.step.to_dict(),
+            "bound": self.step.largest,
+            "bound_text": self.step.bound(),
             "tokens_per_s": self.tokens_per_s,
             "tokens_per_s_per_device": self.tokens_per_s / n,
             "samples_per_s": self.samples_per_s,

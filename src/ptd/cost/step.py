@@ -91,6 +91,26 @@ class StepBreakdown:
                                                "bubble", "optimizer", "ep_comm", "cp_comm", "overlap")}
         return max(parts, key=parts.get)  # type: ignore[arg-type]
 
+    def bound(self) -> str:
+        """What limits the step, in words: the largest part, and whether the step is
+        compute- or communication-bound (communication that compute cannot hide is larger
+        than the compute itself)."""
+        part = self.largest
+        share = getattr(self, part) / self.total if self.total else 0.0
+        what = _BOUND_WORDS[part]
+        exposed = self.tp_comm + self.pp_comm + self.dp_comm_exposed + self.ep_comm + self.cp_comm
+        kind = "communication-bound" if exposed > self.compute else (
+            "compute-bound" if part == "compute" else f"{what}-bound")
+        return f"{kind}: the largest part is {what} ({share:.0%} of the step)"
+
+
+_BOUND_WORDS = {
+    "compute": "computation", "tp_comm": "tensor-parallel collectives",
+    "pp_comm": "pipeline transfers", "dp_comm_exposed": "data-parallel communication not hidden",
+    "bubble": "the pipeline bubble", "optimizer": "the optimizer step",
+    "ep_comm": "expert-parallel all-to-alls", "cp_comm": "context-parallel exchange not hidden",
+    "overlap": "computation slowed by hidden communication"}
+
 
 # the compute model's pure functions, remembered by the identity of the model and hardware
 _block_time = memo(C.block_time, identity=(0, 1))

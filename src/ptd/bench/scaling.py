@@ -219,10 +219,12 @@ def cluster_tables(model_name: str, hw_name: str, sizes: list[int], seq_len: int
             p, why = amdahl_fit(dict(zip(ks, ss)))
             amdahl.append({"strategy": strat, "P": p, "P_why": why})
     from .ps_table import ps_crossover  # parameter server vs all-reduce
-    ps = ps_crossover(model, hw, sizes, ClusterSpec(hw, max(sizes)).devices_per_node)
+    from .tp_table import tp_modes_table  # 1D/2D/2.5D/3D tensor parallelism
+    node = ClusterSpec(hw, max(sizes)).devices_per_node
+    ps = ps_crossover(model, hw, sizes, node)
     return {"model": model_name, "hardware": hw_name, "seq_len": seq_len,
             "global_batch": global_batch, "speedup": rows, "memory": mem, "amdahl": amdahl,
-            "ps": ps}
+            "ps": ps, "tp_modes": tp_modes_table(model, hw, seq_len, node)}
 
 
 # ------------------------------------------------------------------ output
@@ -272,6 +274,9 @@ def render(res: dict[str, Any], cl: dict[str, Any] | None) -> str:
         if cl.get("ps"):
             from .ps_table import render_ps
             lines += ["", render_ps(cl)]
+        if cl.get("tp_modes"):
+            from .tp_table import render_tp
+            lines += ["", render_tp(cl)]
     return "\n".join(lines)
 
 

@@ -1,0 +1,72 @@
+"""1D, 2D, 2.5D and 3D tensor parallelism at cluster scale: one transformer block of a model,
+predicted from the per-layer factors of :mod:`ptd.cost.tpmodes` (``ptd bench scaling``'s
+cluster-scale part; the runtime trains 1D only).
+
+For each tensor-parallel degree ``P`` and each mode that can use it (2d: ``P = q^2``; 2.5d:
+``P = q^2 d`` with depth ``d = 2``; 3d: ``P = q^3``), over the block's linear layers (the
+attention projections and the MLP) with ``tokens`` rows:
+
+* communication per block, forward and backward: ``sum over layers of latency * alpha +
+  bandwidth * M / B`` with ``M`` the bytes of the layer's larger activation (its input or
+  output, ``tokens x width x 2`` in bf16), over the links the group spans (inside a node
+  while ``P`` fits in one, else the network);
+* weights per device: the block's parameters (bf16) times the mode's parameter factor;
+* activations per device: the layers' input activations times the mode's activation factor
+  (1D keeps them whole on every rank).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..cost.tpmodes import MODES, tp_mode_cost
+from ..errors import PtdError
+
+DEGREES = (4, 8, 16, 27, 64)
+DEPTH = 2  # 2.5d's depth in the table
+
+
+def block_layers(model: Any) -> list[tuple[int, int]]:
+    """(in, out) widths of one block's linear layers."""
+    h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
+    mlp = [(h, f), (h, f), (f, h)] if model.mlp == "swiglu" else [(h, f), (f, h)]
+    return [(h, q), (h, kv), (h, kv), (q, h), *mlp]
+
+
+def tp_modes_table(model: Any, hw: Any, tokens: int, devices_per_node: int,
+                   degrees: tuple[int, ...] = DEGREES) -> list[dict[str, Any]]:
+    """One row per (degree, mode) that the degree allows; see the module docstring."""
+    if tokens < 1:
+        raise PtdError(f"tokens must be positive, got {tokens}")
+    layers = block_layers(model)
+    weights = 2.0 * sum(i * o for i, o in layers)
+    acts = 2.0 * tokens * sum(i for i, _ in layers)
+    rows = []
+    for p in degrees:
+        link = hw.intra_node if p <= devices_per_node else hw.inter_node
+        for mode in MODES:
+            try:
+                c = tp_mode_cost(mode, p, DEPTH if mode == "2.5d" else 1)
+            except PtdError:
+                continue  # this degree is not a square / q^2 d / cube
+            comm = sum(c.comm_time(2.0 * tokens * max(i, o), link.latency,
+                                   link.effective_bandwidth) for i, o in layers)
+            rows.append({"tp": p, "mode": mode, "q": c.q, "depth": c.depth,
+                         "comm_per_block_s": comm, "weights_per_device_bytes": weights * c.params,
+                         "activations_per_device_bytes": acts * c.activations,
+                         "link": "intra-node" if p <= devices_per_node else "inter-node"})
+    return rows
+
+
+def render_tp(cl: dict[str, Any]) -> str:
+    from ..fmt import duration, gib, table
+    rows = cl["tp_modes"]
+    out = [f"tensor-parallel modes, one block of {cl['model']} at {cl['seq_len']} tokens, "
+           "predicted (Colossal-AI's per-layer factors; ptd trains 1d)"]
+    out.append(table([(r["tp"], r["mode"] + (f" d{r['depth']}" if r["mode"] == "2.5d" else ""),
+                       r["link"], duration(r["comm_per_block_s"]),
+                       gib(r["weights_per_device_bytes"]), gib(r["activations_per_device_bytes"]))
+                      for r in rows],
+                     header=("tp", "mode", "links", "comm / block", "weights / device",
+                             "activations / device"), align="lllrrr"))
+    return "\n".join(out)

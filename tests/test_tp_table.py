@@ -51,3 +51,39 @@ def test_past_a_node_the_network_carries_it() -> None:
     r = rows()[(8, "2.5d")]  # q = 2, d = 2: params 1/q^2, activations 1/(d q^2)
     assert r["weights_per_device_bytes"] == pytest.approx(WEIGHTS / 4)
     assert r["activations_per_device_bytes"] == pytest.approx(ACTS / 8)
+
+
+def test_estimate_prices_a_mode_beside_the_1d_plan(ptd_cli) -> None:
+    import json
+    args = ["estimate", "--model", "llama3-70b", "--hardware", "h100-sxm", "--gpus", "64",
+            "--tp", "8", "--pp", "2", "--json"]
+    rc, out, err = ptd_cli(*args)
+    assert rc == 0, err
+    plain = json.loads(out)
+    rc, out, err = ptd_cli(*args, "--tp-mode", "3d")
+    assert rc == 0, err
+    d = json.loads(out)
+    mode = d.pop("tp_mode")
+    assert d == plain  # the plan ptd trains (1d) is priced as before
+    st = plain["step_time_s"]
+    # 70B on pp 2: 40 blocks on the busiest rank; 512 sequences / (dp 4 * micro-batch 1)
+    blocks = 40 * 128
+    assert mode["tp_comm_s"] == pytest.approx(blocks * mode["comm_per_block_s"])
+    assert mode["step_time_s"] == pytest.approx(st["total"] - st["tp_comm"] + mode["tp_comm_s"])
+    assert mode["priced_only"] is True and mode["q"] == 2
+    # the table's own row for one block of the same model, tp 8, 3d
+    from ptd.bench.tp_table import tp_modes_table
+    from ptd.specs import get_preset, load_hardware
+    row = [r for r in tp_modes_table(get_preset("llama3-70b"), load_hardware("h100-sxm"), 8192,
+                                     8, (8,)) if r["mode"] == "3d"][0]
+    assert mode["comm_per_block_s"] == pytest.approx(row["comm_per_block_s"])
+
+
+@pytest.mark.parametrize("flags, why", [
+    (["--tp", "8", "--tp-mode", "2d"], "2d tensor parallelism needs tp = q^2, got 8"),
+    (["--tp-mode", "3d"], "--tp-mode 3d needs --tp > 1"),
+    (["--tp", "4", "--depth", "2"], "--depth applies to --tp-mode 2.5d only"),
+])
+def test_estimate_tp_mode_bad_input_is_one_line(ptd_cli, flags, why) -> None:
+    rc, out, err = ptd_cli("estimate", "--model", "llama3-8b", "--gpus", "8", *flags)
+    assert rc == 2 and out == "" and err.count("\n") == 1 and why in err

@@ -34,7 +34,7 @@ def block_layers(model: Any) -> list[tuple[int, int]]:
 
 
 def tp_modes_table(model: Any, hw: Any, tokens: int, devices_per_node: int,
-                   degrees: tuple[int, ...] = DEGREES) -> list[dict[str, Any]]:
+                   degrees: tuple[int, ...] = DEGREES, depth: int = DEPTH) -> list[dict[str, Any]]:
     """One row per (degree, mode) that the degree allows; see the module docstring."""
     if tokens < 1:
         raise PtdError(f"tokens must be positive, got {tokens}")
@@ -46,7 +46,7 @@ def tp_modes_table(model: Any, hw: Any, tokens: int, devices_per_node: int,
         link = hw.intra_node if p <= devices_per_node else hw.inter_node
         for mode in MODES:
             try:
-                c = tp_mode_cost(mode, p, DEPTH if mode == "2.5d" else 1)
+                c = tp_mode_cost(mode, p, depth if mode == "2.5d" else 1)
             except PtdError:
                 continue  # this degree is not a square / q^2 d / cube
             comm = sum(c.comm_time(2.0 * tokens * max(i, o), link.latency,
@@ -70,3 +70,35 @@ def render_tp(cl: dict[str, Any]) -> str:
                      header=("tp", "mode", "links", "comm / block", "weights / device",
                              "activations / device"), align="lllrrr"))
     return "\n".join(out)
+
+
+def mode_delta(model: Any, e: Any, mode: str, depth: int = 1) -> dict[str, Any]:
+    """What tensor-parallel ``mode`` would change in estimate ``e`` (a 1D plan, which is what
+    ptd trains). Step time: ``e``'s tensor-parallel time (ptd's own 1D model: Megatron-style
+    blocks, two collectives per block and direction) replaced by the mode's communication per
+    layer (:func:`tp_modes_table`) over every block of the slowest pipeline rank and every
+    micro-batch. Layer inputs per device: the mode's share against 1D's whole inputs
+    (without sequence parallelism)."""
+    from ..cost.params import layers_per_rank
+    p, cl = e.plan, e.cluster
+    tokens = p.seq_len // p.cp * p.micro_batch
+    row = _row(model, cl, tokens, p.tp, mode, depth)
+    one = _row(model, cl, tokens, p.tp, "1d", 1)
+    nl = max(layers_per_rank(model, p))
+    mode_comm = nl * p.n_microbatches * row["comm_per_block_s"]
+    return {"mode": mode, "q": row["q"], "depth": row["depth"], "priced_only": True,
+            "comm_per_block_s": row["comm_per_block_s"],
+            "tp_comm_s": mode_comm, "tp_comm_1d_s": e.step.tp_comm,
+            "step_time_s": e.step.total - e.step.tp_comm + mode_comm,
+            "step_time_1d_s": e.step.total,
+            "layer_inputs_per_device_bytes": nl * row["activations_per_device_bytes"],
+            "layer_inputs_per_device_1d_bytes": nl * one["activations_per_device_bytes"]}
+
+
+def _row(model: Any, cluster: Any, tokens: int, tp: int, mode: str, depth: int) -> dict[str, Any]:
+    per_node = cluster.devices_per_node
+    rows = [r for r in tp_modes_table(model, cluster.hardware, tokens, per_node, (tp,), depth)
+            if r["mode"] == mode]
+    if not rows:
+        tp_mode_cost(mode, tp, depth)  # raises the one-line reason
+    return rows[0]

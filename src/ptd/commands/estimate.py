@@ -53,6 +53,10 @@ def add_plan_flags(p: argparse.ArgumentParser, *, world_flag: str = "--gpus") ->
                    help="gradient reduction runs after backward instead of overlapping it")
     p.add_argument("--moe-imbalance", type=float, default=1.0, metavar="X",
                    help="MoE: busiest expert-parallel rank's load over the mean, >= 1 (1)")
+    p.add_argument("--tp-mode", choices=["1d", "2d", "2.5d", "3d"], default="1d",
+                   help="also price tensor parallelism as 2D (tp = q^2), 2.5D (q^2 x --depth) or "
+                        "3D (q^3) beside the 1D plan ptd trains (priced only)")
+    p.add_argument("--depth", type=positive_int, default=1, help="2.5D's depth d (--tp-mode 2.5d)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -154,15 +158,43 @@ def run(a: argparse.Namespace) -> int:
         e = estimate(model, cluster, base, a.tokens, opts)
     from ..planner.search import runtime_refuses
     runtime_refuses(model, e.plan)  # the rules ptd train applies (one validator)
+    mode = _tp_mode(a, model, e)
     if a.json:
         emit_json(e.to_json() | {"dp_comm": a.dp_comm, "servers": a.servers,
-                                 "activation_convention": activation_figures(e.model, e.plan)})
+                                 "activation_convention": activation_figures(e.model, e.plan)}
+                  | ({"tp_mode": mode} if mode else {}))
     else:
         print(render(e, extra))
+        if mode:
+            print(render_tp_mode(mode))
         if opts.ps_servers:
             print(f"(data-parallel gradients through {opts.ps_servers} synchronous parameter "
                   f"server{'s' if opts.ps_servers > 1 else ''}: dp_comm above)")
     return 0
+
+
+def _tp_mode(a: argparse.Namespace, model, e) -> dict | None:  # type: ignore[no-untyped-def]
+    """The 2D/2.5D/3D pricing of ``--tp-mode`` (None for 1d); bad shapes are one line."""
+    if a.depth != 1 and a.tp_mode != "2.5d":
+        raise PtdError("--depth applies to --tp-mode 2.5d only")
+    if a.tp_mode == "1d":
+        return None
+    if e.plan.tp < 2:
+        raise PtdError(f"--tp-mode {a.tp_mode} needs --tp > 1")
+    from ..bench.tp_table import mode_delta
+    return mode_delta(model, e, a.tp_mode, a.depth)
+
+
+def render_tp_mode(d: dict) -> str:  # type: ignore[type-arg]
+    """The ``--tp-mode`` lines under the estimate."""
+    shape = f"q = {d['q']}" + (f", depth {d['depth']}" if d["mode"] == "2.5d" else "")
+    return "\n".join([
+        "", f"tensor parallelism as {d['mode']} ({shape}), priced only: ptd train runs 1d",
+        f"  tp communication  {duration(d['tp_comm_s'])} per step "
+        f"({duration(d['comm_per_block_s'])} per block; 1d above: {duration(d['tp_comm_1d_s'])})",
+        f"  step time         {duration(d['step_time_s'])} (1d above: {duration(d['step_time_1d_s'])})",
+        f"  layer inputs      {gib(d['layer_inputs_per_device_bytes'])} per device "
+        f"(1d without sp: {gib(d['layer_inputs_per_device_1d_bytes'])})"])
 
 
 def render(e, extra: dict[str, str] | None = None) -> str:

@@ -86,12 +86,7 @@ def memory_plot(rows: list[dict], path: Path, title: str) -> None:
         x += 1.0
     ax.set_xticks([p for p, _ in labels], [t for _, t in labels], fontsize=7)
     ax.set_ylabel("MiB per device (left: measured, right: predicted)")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _finish(fig, ax, title, path)
 
 
 def breakdown_plot(rows: list[dict], path: Path, title: str) -> None:
@@ -179,6 +174,12 @@ def cluster_memory_plot(rows: list[dict], path: Path, title: str) -> None:
         labels.append(f"{r['strategy']}\nN={r['n']}")
     ax.set_xticks(range(len(rows)), labels, fontsize=7)
     ax.set_ylabel("GiB per device (predicted)")
+    _finish(fig, ax, title, path)
+
+
+def _finish(fig, ax, title: str, path) -> None:  # type: ignore[no-untyped-def]
+    """Title, legend and grid of a bar chart, then write it and free the figure."""
+    plt = _plt()
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)

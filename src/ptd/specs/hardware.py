@@ -484,10 +484,8 @@ def hardware_from_dict(d: dict[str, Any], name: str = "custom") -> HardwareSpec:
     """Build from a TOML/JSON table (``preset = "..."`` plus overrides, or every field)."""
     d = dict(d)
     base = d.pop("preset", None)
-    known = {f.name for f in dataclasses.fields(HardwareSpec)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise PtdError(f"{name}: unknown hardware field(s) {', '.join(unknown)}")
+    from .typecheck import from_table, refuse_unknown
+    refuse_unknown(HardwareSpec, d, name, "hardware")
     for k in ("intra_node", "inter_node"):
         if k in d:
             d[k] = _link(d[k], name)
@@ -521,13 +519,7 @@ def hardware_from_dict(d: dict[str, Any], name: str = "custom") -> HardwareSpec:
                                      for c in d["collectives"])
         except TypeError as e:
             raise PtdError(f"{name}: bad collectives table ({e})") from None
-    if base is not None:
-        return get_hardware_preset(base).replace(**d)
-    d.setdefault("name", name)
-    try:
-        return HardwareSpec(**d)
-    except TypeError as e:
-        raise PtdError(f"{name}: incomplete hardware table ({e})") from None
+    return from_table(HardwareSpec, d, name, base, get_hardware_preset, "hardware")
 
 
 def get_hardware_preset(name: str) -> HardwareSpec:

@@ -322,17 +322,9 @@ def _from_mapping(d: dict[str, Any], name: str) -> ModelSpec:
     """A ptd model table: either ``preset = "..."`` plus overrides, or every field."""
     d = dict(d)
     base = d.pop("preset", None)
-    known = {f.name for f in dataclasses.fields(ModelSpec)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise PtdError(f"{name}: unknown model field(s) {', '.join(unknown)}")
-    if base is not None:
-        return get_preset(base).replace(**d)
-    d.setdefault("name", name)
-    try:
-        return ModelSpec(**d)
-    except TypeError as e:
-        raise PtdError(f"{name}: incomplete model table ({e})") from None
+    from .typecheck import from_table, refuse_unknown
+    refuse_unknown(ModelSpec, d, name, "model")
+    return from_table(ModelSpec, d, name, base, get_preset, "model")
 
 
 def get_preset(name: str) -> ModelSpec:

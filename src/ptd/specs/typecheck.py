@@ -188,3 +188,24 @@ def check_hardware(hw: Any) -> None:
 def _nonneg(where: str, name: str, v: Any) -> None:
     if not (_num(v) and v >= 0):
         raise PtdError(f"{where}{name} must be >= 0, got {v!r}")
+
+
+def refuse_unknown(cls: type, d: dict[str, Any], name: str, what: str) -> None:
+    """One line naming the fields of table ``d`` that ``cls`` does not have."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise PtdError(f"{name}: unknown {what} field(s) {', '.join(unknown)}")
+
+
+def from_table(cls: type, d: dict[str, Any], name: str, base: str | None,
+               preset: Any, what: str) -> Any:
+    """``preset(base)`` with the fields of ``d`` replaced, or ``cls(**d)`` named ``name``
+    when there is no base; a table that misses required fields is one line."""
+    if base is not None:
+        return preset(base).replace(**d)
+    d.setdefault("name", name)
+    try:
+        return cls(**d)
+    except TypeError as e:
+        raise PtdError(f"{name}: incomplete {what} table ({e})") from None

@@ -87,3 +87,56 @@ def test_estimate_prices_a_mode_beside_the_1d_plan(ptd_cli) -> None:
 def test_estimate_tp_mode_bad_input_is_one_line(ptd_cli, flags, why) -> None:
     rc, out, err = ptd_cli("estimate", "--model", "llama3-8b", "--gpus", "8", *flags)
     assert rc == 2 and out == "" and err.count("\n") == 1 and why in err
+
+
+def test_plan_reports_the_best_plan_of_each_mode(ptd_cli) -> None:
+    import json
+    from ptd.bench.tp_table import mode_delta
+    from ptd.specs import ClusterSpec, load_hardware
+    rc, out, err = ptd_cli("plan", "--model", "llama3-70b", "--hardware", "h100-sxm", "--gpus", "64",
+                           "--global-batch", "512", "--seq-len", "4096", "--top", "1",
+                           "--tp-modes", "1d,2d,3d", "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    modes = d["tp_modes"]
+    assert set(modes) == {"1d", "2d", "3d"} and all(m["priced_only"] for k, m in modes.items()
+                                                    if k != "1d")
+    # 1d is the ranking's own winner, at its own step time
+    assert modes["1d"]["step_time_s"] == pytest.approx(d["top"][0]["step_time_s"]["total"])
+    # each mode's figure is mode_delta of its plan (tp a square for 2d, a cube for 3d)
+    model, cl = get_preset("llama3-70b"), ClusterSpec(load_hardware("h100-sxm"), 64)
+    for mode, q in (("2d", 2), ("3d", 2)):
+        m = modes[mode]
+        tp = q ** (2 if mode == "2d" else 3)
+        assert f"tp{tp} " in m["plan"]
+        e = _estimate_of(m["plan"], model, cl)
+        assert m["step_time_s"] == pytest.approx(mode_delta(model, e, mode)["step_time_s"])
+        assert m["step_time_s"] >= modes["1d"]["step_time_s"] or mode == min(
+            modes, key=lambda k: modes[k]["step_time_s"])
+
+
+def _estimate_of(desc: str, model, cl):  # noqa: ANN001
+    """The estimate of a plan printed as ``dp16 tp4 pp1 zero3 sp mb2 gb512 [schedule]``."""
+    import re
+    from ptd.cost.estimate import estimate
+    from ptd.specs import ParallelPlan
+    g = {k: int(v) for k, v in re.findall(r"\b(dp|tp|pp|vpp|zero|mb|gb)(\d+)", desc)}
+    sched = next((s for s in ("interleaved-1f1b", "zero-bubble", "gpipe") if s in desc), "1f1b")
+    p = ParallelPlan(dp=g["dp"], tp=g["tp"], pp=g["pp"], vpp=g.get("vpp", 1), zero=g["zero"],
+                     sp=" sp " in f" {desc} ", micro_batch=g["mb"], global_batch=g["gb"],
+                     seq_len=4096, schedule=sched, dtype="bf16", uneven_stages="uneven" in desc)
+    return estimate(model, cl, p)
+
+
+def test_plan_explains_which_mode_wins(ptd_cli) -> None:
+    rc, out, err = ptd_cli("plan", "--model", "llama3-70b", "--hardware", "h100-sxm", "--gpus", "64",
+                           "--global-batch", "512", "--seq-len", "4096", "--top", "1", "--pareto", "0",
+                           "--tp-modes", "1d,3d", "--explain")
+    assert rc == 0, err
+    assert "tensor-parallel modes (priced only: ptd train runs 1d)" in out
+    assert "1d wins:" in out and "3d:" in out and "tensor-parallel communication" in out
+
+
+def test_2p5d_at_q1_is_not_tensor_parallelism(ptd_cli) -> None:
+    rc, out, err = ptd_cli("calc", "--tp-mode", "2.5d", "--devices", "2", "--depth", "2")
+    assert rc == 2 and "needs q >= 2" in err

@@ -52,6 +52,10 @@ def add(p: argparse.ArgumentParser) -> None:
                         "a cp not dividing the devices or seq_len/2 is rejected with its reason")
     p.add_argument("--allow-tp-across-nodes", action="store_true",
                    help="let tensor parallelism span nodes")
+    p.add_argument("--tp-modes", type=tp_modes, metavar="MODE,...",
+                   help="also price the ranked plans' tensor parallelism as 1d,2d,2.5d,3d "
+                        "(2.5d at depth 2) and report the best plan of each mode (priced only: "
+                        "ptd train runs 1d); off by default")
     p.add_argument("--explain", action="store_true",
                    help="for the winner, what each alternative value would cost")
     p.add_argument("--pareto", type=nonneg_int, default=10, metavar="N",
@@ -81,6 +85,33 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="configs, runs and try.json go here (runs/plan-try)")
     t.add_argument("--run-timeout", type=float, default=None,
                    help="seconds per run before it counts as failed (300)")
+
+
+def tp_modes(s: str) -> list[str]:
+    v = [x.strip() for x in s.split(",") if x.strip()]
+    bad = [x for x in v if x not in ("1d", "2d", "2.5d", "3d")]
+    if not v or bad:
+        raise argparse.ArgumentTypeError(f"modes must be among 1d,2d,2.5d,3d, got {s!r}")
+    return list(dict.fromkeys(v))
+
+
+def _modes(a: argparse.Namespace, model, res) -> tuple[dict | None, list[str]]:  # type: ignore[no-untyped-def]
+    """``--tp-modes``: the best plan per mode and, with ``--explain``, why the winner wins."""
+    if not a.tp_modes:
+        return None, []
+    from ..planner.modes import best_by_mode, explain_modes
+    best = best_by_mode(model, res.ranked, a.tp_modes)
+    return best, (explain_modes(best) if a.explain else [])
+
+
+def render_modes(best: dict, why: list[str]) -> str:  # type: ignore[type-arg]
+    from ..fmt import duration
+    rows = [(m, duration(d["step_time_s"]), d["estimate"].plan.describe())
+            for m, d in sorted(best.items(), key=lambda kv: kv[1]["step_time_s"])]
+    out = ["", "tensor-parallel modes (priced only: ptd train runs 1d): the best plan of each",
+           table(rows, header=("mode", "step time", "plan"), align="lrl") if rows else
+           "  no ranked plan has a tensor-parallel degree these modes allow"]
+    return "\n".join(out + why)
 
 
 def run(a: argparse.Namespace) -> int:
@@ -115,6 +146,7 @@ def run(a: argparse.Namespace) -> int:
     if a.explain:
         from ..planner.explain import explain
         dims = explain(res)
+    modes, why = _modes(a, model, res)
 
     text = None
     fmt = "ptd" if a.run else a.export
@@ -145,11 +177,16 @@ def run(a: argparse.Namespace) -> int:
 
     if a.json:
         emit_json(to_json(res, a.top, dims, fmt, text, path)
-                  | {"cp_values": a.cp, "dp_comm": a.dp_comm, "servers": a.servers})
+                  | {"cp_values": a.cp, "dp_comm": a.dp_comm, "servers": a.servers}
+                  | ({"tp_modes": {m: {k: v for k, v in d.items() if k != "estimate"}
+                                   | {"plan": d["estimate"].plan.describe()}
+                                   for m, d in modes.items()}} if modes is not None else {}))
     elif text is not None and path is None:
         sys.stdout.write(text)  # the export alone, to redirect
     else:
         print(render(res, a.top, a.pareto, dims))
+        if modes is not None:
+            print(render_modes(modes, why))
         if path is not None:
             print(f"\nwrote the {fmt} export of plan #1 to {path}"
                   + "".join(f" and {path.parent / n}" for n in beside))

@@ -82,6 +82,9 @@ def tp_mode_cost(mode: str, p: int, depth: int = 1) -> TPModeCost:
         q = _root(p // depth, 2) if p % depth == 0 else None
         if q is None:
             raise PtdError(f"2.5d tensor parallelism needs tp = q^2 * depth, got tp {p}, depth {depth}")
+        if q < 2:  # the factors leave out the gradient sum over depth, all there is at q = 1
+            raise PtdError(f"2.5d tensor parallelism needs q >= 2 (tp {p} at depth {depth} is "
+                           f"q = 1: data parallelism over the depth, not tensor parallelism)")
         d = depth
         return TPModeCost(mode, p, q, d, 1 / (d * q * q), 1 / (q * q), 1 / (d * q * q),
                           3 * (q - 1) * (d + 1) / (d * q), 6 * (q - 1))

@@ -1,4 +1,4 @@
-"""One validator for plans -- what ``ptd train`` refuses (``runtime.limits``),
+"""One validator for plans -- what ``ptd train`` refuses (``runtime.launch.limits``),
 ``ptd plan`` never ranks, ``ptd estimate`` never picks or prints, and no export writes.
 Also the bench's honesty: the Amdahl fit only where it means something, and a bench with a
 failed row or an empty table exits non-zero. No processes, no torch."""

@@ -62,7 +62,7 @@ def test_search_contains_every_candidate_of_choose(tiny):
         base = ParallelPlan(dp=dp, tp=tp, pp=pp, global_batch=32, seq_len=256, dtype="fp32")
         for p in candidates(m, base, FREE_KNOBS):
             e = estimate(m, c, p, validate=False)
-            # the planner also drops what ptd train refuses (runtime.limits.plan_problem)
+            # the planner also drops what ptd train refuses (runtime.launch.limits.plan_problem)
             if e.memory.fits and plan_problem(m, p) is None:
                 key = p.replace(vpp=1) if (p.schedule == "zero-bubble" and p.vpp == 2) else p
                 assert key in ranked, p.describe()  # ZB-V is searched once, as vpp 1

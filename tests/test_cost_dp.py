@@ -95,3 +95,81 @@ def test_zero3_recompute_widens_the_backward_window() -> None:
     assert t.exposed == pytest.approx(2 * ag + rs)  # first gathers (forward hides the rest)
     t2 = terms(p.replace(recompute="none"), mb(nl=4, block=blk(2e-3, 0.9e-3, 0.4e-3)))
     assert t2.exposed == pytest.approx(2 * ag + 4 * (ag - 0.9e-3) + 4 * (ag + rs - 0.9e-3) + rs)
+
+
+# ------------------------------------------------------------ kinds, windows, buckets
+def by_kind(kind, nbytes, n, hw, nodes=1, per_node=None):  # noqa: ANN001
+    """A stand-in that tells the collectives apart: an all-reduce moves twice the bytes."""
+    return {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.5}[kind] * nbytes / 1e9
+
+
+def test_ddp_window_is_the_last_backward_with_its_recompute_and_tp() -> None:
+    # the 8B model: 4 * 8,030,261,248 B of fp32 gradients = 32.12 GB -> all-reduce 64.24 s;
+    # the last 25 MiB bucket is 25 * 2**20 / 32.12e9 of it; the window is b + rc + tb
+    p = ParallelPlan(dp=4, zero=0, global_batch=8)
+    g = 4 * 8_030_261_248
+    t_ar = 2 * g / 1e9
+    m = mb(b=20.0, rc=7.0, tb=3.0)
+    t = dp_terms(get_preset("llama3-8b"), p, GPU, m, (4, 1, 4), by_kind, True, True)
+    assert t.total == pytest.approx(t_ar)
+    assert t.exposed == pytest.approx(t_ar - 30.0)
+    t = dp_terms(get_preset("llama3-8b"), p, GPU, mb(b=100.0), (4, 1, 4), by_kind, True, True)
+    assert t.exposed == pytest.approx(t_ar * 25 * 2**20 / g)  # all but the last bucket hides
+
+
+def test_compressed_gradients_move_two_bytes_each() -> None:
+    p = ParallelPlan(dp=4, zero=0, global_batch=8, grad_compression="fp16")
+    t = dp_terms(TINY, p, GPU, mb(), (4, 1, 4), by_kind, False, True)
+    assert t.total == pytest.approx(2 * 2 * 180_800 / 1e9)
+
+
+@pytest.mark.parametrize("hw, kind_factor", [("h100-sxm", 1.0), ("cpu", 2.0)])
+def test_zero2_reduce_scatter_on_gpus_all_reduce_on_gloo(hw: str, kind_factor: float) -> None:
+    p = ParallelPlan(dp=4, zero=2, global_batch=8)
+    t = dp_terms(TINY, p, cluster(hw, 4), mb(), (4, 1, 4), by_kind, False, True)
+    assert t.total == pytest.approx(kind_factor * 4 * 180_800 / 1e9)
+    assert t.opt_comm == pytest.approx(1.5 * 4 * 180_800 / 1e9)  # all-gather of fp32 params
+
+
+def test_zero2_hides_behind_the_backward_without_tp() -> None:
+    p = ParallelPlan(dp=4, zero=2, global_batch=8)
+    t_rs = 4 * 180_800 / 1e9  # 723.2 us, one bucket
+    t = dp_terms(TINY, p, GPU, mb(b=1.0), (4, 1, 4), by_kind, True, True)
+    assert t.exposed == pytest.approx(t_rs)  # the only bucket is the last
+    t = dp_terms(TINY, p.replace(pp=2, dp=2), GPU, mb(b=1.0), (2, 1, 2), by_kind, True, True)
+    assert t.exposed == pytest.approx(t.total)  # with pp it all waits for the end
+
+
+def test_zero3_three_micro_batches_tp_waits_and_no_overlap() -> None:
+    # m = 3 (global batch 12 over dp 4), 2 blocks; gather 1.5 * 2 * 36,992 / 1e9 = 110.976 us,
+    # reduce-scatter (GPU) 4 * 36,992 / 1e9 = 147.968 us; forward 0.05 ms, backward 0.1 ms,
+    # tp all-reduce 0.01 ms and wait 0.005 ms, twice each way: f = 0.08 ms, b = 0.13 ms
+    p = ParallelPlan(dp=4, zero=3, micro_batch=1, global_batch=12, dtype="bf16")
+    m = mb(nl=2, block=blk(0.05e-3, 0.1e-3), ar=0.01e-3, wait=0.005e-3)
+    ag, rs, f, b = 110.976e-6, 147.968e-6, 0.08e-3, 0.13e-3
+    t = dp_terms(TINY, p, GPU, m, (4, 1, 4), by_kind, True, True)
+    assert t.total == pytest.approx(2 * 3 * 2 * ag + 2 * rs)
+    want = 3 * (ag + 1 * max(0.0, ag - f))          # forward
+    want += (3 - 1) * 2 * max(0.0, ag - b)          # earlier backward gathers: hidden (0)
+    want += 2 * max(0.0, ag + rs - b) + rs          # the last backward
+    assert t.exposed == pytest.approx(want)
+    # without overlap nothing hides: every gather and reduce-scatter is exposed
+    t = dp_terms(TINY, p, GPU, m, (4, 1, 4), by_kind, False, True)
+    assert t.exposed == pytest.approx(3 * (ag + ag) + (3 - 1) * 2 * ag + 2 * (ag + rs) + rs)
+
+
+def test_zero2_with_a_pipeline_exposes_every_bucket() -> None:
+    # 8B on pp 2: a rank's fp32 gradients span many 25 MiB buckets, the backward window is
+    # long, and still nothing hides (a gradient may change after its hook fires)
+    m8 = get_preset("llama3-8b")
+    p = ParallelPlan(dp=2, pp=2, zero=2, global_batch=8)
+    t = dp_terms(m8, p, GPU, mb(b=1e3), (2, 1, 2), by_kind, True, True)
+    assert t.total > 1.0 and t.exposed == pytest.approx(t.total)
+
+
+@pytest.mark.parametrize("hw, kind_factor", [("h100-sxm", 1.0), ("cpu", 2.0)])
+def test_zero3_reduces_with_an_all_reduce_on_gloo(hw: str, kind_factor: float) -> None:
+    p = ParallelPlan(dp=4, zero=3, micro_batch=1, global_batch=4, dtype="bf16")
+    t = dp_terms(TINY, p, cluster(hw, 4), mb(nl=4), (4, 1, 4), by_kind, False, True)
+    ag = 1.5 * 2 * 36_992 / 1e9
+    assert t.total == pytest.approx(2 * 4 * ag + 4 * kind_factor * 4 * 36_992 / 1e9)

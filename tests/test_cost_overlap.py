@@ -8,7 +8,6 @@ from the function under test.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 
@@ -83,17 +82,6 @@ def test_comm_sms_out_of_range(bad: int) -> None:
         dataclasses.replace(get_hardware_preset("h100-sxm"), comm_sms=bad)
     with pytest.raises(PtdError, match="comm_sms must be"):  # no shape model, no comm_sms
         dataclasses.replace(get_hardware_preset("cpu"), comm_sms=2)
-
-
-def test_loss_matches_hand_ratio_for_one_product_model() -> None:
-    # Overlap loss = (1 - t_alone / t_busy) x (products' share of the block's time); with the
-    # share bounded by 1 the loss is bounded by 1 - 108/132 * (worst shape) -- at least the
-    # multiprocessor share 24/132 for any product that filled its waves exactly.
-    busy = _fsdp_step("h100-sxm")
-    hidden = busy.dp_comm_total - busy.dp_comm_exposed
-    loss = busy.overlap / hidden
-    assert loss <= 1.0 and loss > 0
-    assert math.isfinite(loss)
 
 
 def test_the_estimate_says_when_communication_bounds_the_step(ptd_cli) -> None:

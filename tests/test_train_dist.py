@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import helpers
-from helpers import assert_same_params, assert_same_run, grad_norms, losses, params
+from helpers import assert_same_run, losses, params
 
 pytestmark = pytest.mark.dist
 

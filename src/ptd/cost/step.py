@@ -207,7 +207,6 @@ def micro_batch(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, atte
                 recompute_early_stop: bool, tp_grad_per_linear: bool) -> MicroBatch:
     """Compute and tensor-parallel time of one micro-batch on the slowest pipeline rank."""
     hw = cluster.hardware
-    ab = DTYPE_BYTES[plan.dtype]
     rate = cluster.gemm_rate(plan.dtype)
     s, mb = CX.local_seq(plan), plan.micro_batch  # s: this rank's tokens of a sequence
     tokens = s * mb

@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from ..cost.estimate import CostOptions, Estimate, fused_norm
 from ..cost.flops import flops_per_token

@@ -199,9 +199,11 @@ def test_megatron_core_builds_the_plan(checked):
             assert got["layout_stages"] == list(stages(e))
             assert sum(got["layout_stages"]) == e.model.n_layers
         assert (got["micro_batch"], got["global_batch"]) == (p.micro_batch, p.global_batch)
-        # Megatron pads --vocab-size to a multiple of make-vocab-size-divisible-by (1) * tp
-        padded = -(-got["vocab"] // p.tp) * p.tp
-        assert padded >= e.model.vocab_size and got["vocab"] == e.model.vocab_size
+        # Megatron pads --vocab-size to a multiple of make-vocab-size-divisible-by * tp: the
+        # rows ptd's runtime allocates (128 x tp by default)
+        m = got["vocab_divisible_by"] * p.tp
+        assert -(-got["vocab"] // m) * m == e.model.padded_vocab(p.tp)
+        assert got["vocab"] == e.model.vocab_size
         assert got["fsdp"] == (p.zero >= 2)
         if p.zero >= 2:
             assert got["ckpt_format"] == "fsdp_dtensor"

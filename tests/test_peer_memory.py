@@ -204,11 +204,12 @@ def test_deepspeed_runs_the_zero3_formula_written_here(tmp_path):
 
 
 def test_estimate_json_names_the_activation_convention_and_gives_megatrons(ptd_cli):
-    # GPT-3 175B with selective recompute (its 50257-token vocabulary allows no tp > 1):
-    # Megatron-LM's figure, written out as in
-    # test_megatron_activation_formula_is_korthikanti_for_a_gpt_block, at t = 1
+    # GPT-3 175B with selective recompute at t = 1 (with learned positions ptd has no sp, and
+    # Megatron's formula assumes it when t > 1): Megatron-LM's figure, written out as in
+    # test_megatron_activation_formula_is_korthikanti_for_a_gpt_block; V is the vocabulary
+    # as Megatron pads it, 50257 up to a multiple of 128: 393 x 128 = 50304
     import json
-    s, b, h, L, V, t = 2048, 2, 12288, 96, 50257, 1
+    s, b, h, L, V, t = 2048, 2, 12288, 96, 50304, 1
     rc, out, err = ptd_cli("estimate", "--model", "gpt3-175b", "--hardware", "h100-sxm",
                            "--gpus", "8", "--global-batch", "16", "--seq-len", str(s),
                            "--micro-batch", str(b), "--recompute", "selective", "--zero", "3",

@@ -226,6 +226,10 @@ def test_megatron_export_uses_documented_arguments(plans):
         assert int(args["--global-batch-size"]) == p.global_batch
         assert int(args["--seq-length"]) == p.seq_len
         assert int(args["--vocab-size"]) == e.model.vocab_size  # NullTokenizer: EOD is V-1
+        # Megatron's _vocab_size_with_padding: up to a multiple of divisible-by x tp, which
+        # for GPT-2's 50257 at tp 8 is 51200 (worked by hand), as ptd's runtime pads
+        div = int(args["--make-vocab-size-divisible-by"])
+        assert -(-e.model.vocab_size // (div * p.tp)) * div * p.tp == e.model.padded_vocab(p.tp)
         assert int(args["--num-layers"]) == e.model.n_layers
         assert ("--sequence-parallel" in args) == p.sp
         assert ("--bf16" in args) == (p.dtype == "bf16") and ("--fp16" in args) == (p.dtype == "fp16")

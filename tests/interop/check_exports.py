@@ -176,6 +176,7 @@ def megatron_check(path, world_size):
             "layout_stages": _layout_stages(layout, pp) if layout is not None else None,
             "micro_batch": int(a["micro_batch_size"]), "global_batch": int(a["global_batch_size"]),
             "vocab": int(a["vocab_size"]), "fsdp": "use_megatron_fsdp" in a,
+            "vocab_divisible_by": int(a["make_vocab_size_divisible_by"]),
             "sharding": a.get("data_parallel_sharding_strategy"),
             "ckpt_format": a.get("ckpt_format"),
             "dist_opt": "use_distributed_optimizer" in a,

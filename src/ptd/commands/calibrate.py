@@ -96,7 +96,7 @@ def model_shapes(ref: str, tokens: int) -> list[tuple[int, int, int]]:
     if tokens > 2**20:
         raise PtdError(f"--tokens must be at most 2**20, got {tokens}")
     lin, _ = block_gemms(model, tokens, min(tokens, model.max_seq_len), 1, 1)
-    lin.append(Gemm(tokens, model.vocab_size, model.hidden))
+    lin.append(Gemm(tokens, model.padded_vocab(1), model.hidden))
     return sorted({(int(g.m), int(g.n), int(g.k)) for g in lin if g.m >= 1})
 
 

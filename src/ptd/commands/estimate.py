@@ -161,6 +161,8 @@ def run(a: argparse.Namespace) -> int:
     mode = _tp_mode(a, model, e)
     if a.json:
         emit_json(e.to_json() | {"dp_comm": a.dp_comm, "servers": a.servers,
+                                 "vocab": {"size": model.vocab_size, "multiple": model.vocab_multiple,
+                                           "padded": model.padded_vocab(e.plan.tp)},
                                  "activation_convention": activation_figures(e.model, e.plan)}
                   | ({"tp_mode": mode} if mode else {}))
     else:
@@ -211,6 +213,8 @@ def render(e, extra: dict[str, str] | None = None) -> str:
         chosen["layers per pipeline rank"] = "/".join(map(str, layers_per_rank(m, p)))
     if chosen:
         lines.append("chosen: " + ", ".join(f"{k}={v}" for k, v in chosen.items()))
+    if note := m.padding_note(p.tp):
+        lines.append(note)
     mem = e.memory
     rows = [(k, gib(getattr(mem, k)), pct(getattr(mem, k) / mem.total if mem.total else 0))
             for k in ("params", "grads", "optimizer", "activations", "buffers")]

@@ -337,12 +337,14 @@ def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype:
                 dtensor_overhead: float = 0.0, sp: bool = False) -> tuple[float, float]:
     """(forward, backward) seconds of final norm, output layer and loss on the last stage.
     The loss works in fp32 over the local vocabulary shard (log-softmax, gather, its
-    gradient: about five fp32 passes over ``s b V / t``)."""
+    gradient: about five fp32 passes over ``s b V / t``). ``V`` is the padded vocabulary
+    (:meth:`ptd.specs.ModelSpec.padded_vocab`): padding columns are computed like the others."""
     ab = DTYPE_BYTES[dtype]
     bw = bw or hw.effective_memory_bandwidth
     overhead = hw.op_overhead if overhead is None else overhead
-    g = Gemm(tokens, model.vocab_size / tp, model.hidden)
-    loss_bytes = 5 * 4 * tokens * model.vocab_size / tp
+    v = model.padded_vocab(tp)
+    g = Gemm(tokens, v / tp, model.hidden)
+    loss_bytes = 5 * 4 * tokens * v / tp
     norm_bytes = 2 * ab * tokens * model.hidden
     of, ob = output_ops(model)
     t_out = gemm_time(g, rate, bw, ab, hw, dtype)

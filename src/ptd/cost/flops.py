@@ -8,7 +8,10 @@ multiply-add is 2 FLOPs, and only matrix multiplications count::
 * ``N`` = :meth:`ModelSpec.matmul_params`: every weight a token is multiplied by -- the
   Q/K/V/output projections and MLP matrices of every block (for mixture-of-experts only the
   ``top_k`` experts a token visits, plus the router) **and the output layer** (``V h``,
-  whether or not it is tied to the embedding). The embedding lookup is a gather and costs
+  whether or not it is tied to the embedding; ``V`` the model's vocabulary, not the padded
+  one the runtime allocates: padding columns are work the hardware does and the model does
+  not need, priced in time by :func:`ptd.cost.compute.output_time` and left out of model
+  FLOPs, so padding never raises MFU). The embedding lookup is a gather and costs
   nothing; norms, biases, activations and softmax are not counted. Forward is ``2N``,
   backward twice that (input and weight gradients), hence ``6N``.
 * ``12 L s (H d)``: attention's two ``s x s`` products (Q K^T and scores x V), ``4 s H d``
@@ -28,7 +31,8 @@ True). Megatron-LM's full recompute re-runs the whole forward (``early_stop=Fals
 For GPT-shaped models (``F = 4h``, multi-head attention, learned positions) this is exactly
 the count of Narayanan et al. 2021 (arXiv 2104.04473, eq. 3) -- see
 :func:`megatron_flops_per_iteration` -- because both count the same matrix products.
-``torch.utils.flop_counter.FlopCounterMode`` counts the same operations, which a test checks.
+``torch.utils.flop_counter.FlopCounterMode`` counts the same operations (plus the padding
+columns' ``6 h`` per padding row and token), which a test checks.
 """
 
 from __future__ import annotations

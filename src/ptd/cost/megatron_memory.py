@@ -35,6 +35,6 @@ def megatron_activation_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
     elif pp > 1:
         act *= min(1, plan.n_microbatches / pp)
     if pp == 1:
-        act += s * b * h * 4 * (1 + model.vocab_size / h)
+        act += s * b * h * 4 * (1 + model.padded_vocab(t) / h)
     return act / t
 

@@ -225,17 +225,19 @@ def output_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp
                             sp: bool = False, act_bytes: int = 2, fused_norm: bool = True) -> float:
     """What the final norm, output layer and cross-entropy keep: the norm input and output
     layer input (``a_b s b h`` each, /t with sp; a composite RMSNorm also its normalised
-    input) and the fp32 log-probabilities (``4 s b V / t``) that the loss's backward needs."""
+    input) and the fp32 log-probabilities (``4 s b V / t``, V padded) that the loss's backward
+    needs."""
     sbh = seq_len * micro_batch * model.hidden
     norm = 3 if (not fused_norm and model.norm == "rmsnorm") else 2
-    return norm * act_bytes * sbh / (tp if sp else 1) + 4 * seq_len * micro_batch * model.vocab_size / tp
+    return (norm * act_bytes * sbh / (tp if sp else 1)
+            + 4 * seq_len * micro_batch * model.padded_vocab(tp) / tp)
 
 
 def output_transient_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1) -> float:
     """Working memory of the loss at its peak: NLL's backward writes the dense gradient of
     the log-probabilities, and log-softmax's backward allocates the logits' gradient while
     that one is still alive (fp32, ``4 s b V / t`` each)."""
-    return 2 * 4 * seq_len * micro_batch * model.vocab_size / tp
+    return 2 * 4 * seq_len * micro_batch * model.padded_vocab(tp) / tp
 
 
 def in_flight(plan: ParallelPlan, pp_rank: int) -> float:

@@ -6,7 +6,8 @@ memory predicted from here is the memory measured, byte for byte:
 * tensor parallel (Megatron 1-D): Q/K/V and MLP up/gate matrices are split along their
   output dimension (column parallel), the attention output and MLP down matrices along
   their input dimension (row parallel), the embedding and the output layer along the
-  vocabulary; norms, position tables and row-parallel biases are replicated;
+  vocabulary (padded to a multiple of ``vocab_multiple x tp`` first, as the runtime does);
+  norms, position tables and row-parallel biases are replicated;
 * pipeline parallel: :func:`stage_split` assigns contiguous blocks of layers to ``pp * v``
   stages, balancing forward+backward FLOPs with the output layer counted; the first stage
   holds the embeddings, the last the final norm and output layer (a tied output layer is a
@@ -40,12 +41,16 @@ class Param:
     """Dimension split over the tp group (None: replicated on every tp rank)."""
     decay: bool
     """In the weight-decay parameter group (matrices of the blocks and output layer)."""
+    pad: int = 0
+    """Vocabulary tensors: dim 0 is padded to a multiple of ``pad x tp`` before the split
+    (:meth:`ptd.specs.ModelSpec.padded_vocab`); 0 for every other tensor."""
 
     def local_shape(self, tp: int) -> tuple[int, ...]:
-        if self.tp_dim is None or tp == 1:
-            return self.shape
         s = list(self.shape)
-        s[self.tp_dim] //= tp
+        if self.pad:
+            s[0] = -(-s[0] // (self.pad * tp)) * self.pad * tp
+        if self.tp_dim is not None:
+            s[self.tp_dim] //= tp
         return tuple(s)
 
 
@@ -110,7 +115,8 @@ def _moe_params(model: ModelSpec) -> list[Param]:
 @memo
 def first_stage_params(model: ModelSpec) -> tuple[Param, ...]:
     """Embeddings (on the first pipeline stage)."""
-    out = [Param("tok_embeddings.weight", (model.vocab_size, model.hidden), 0, False)]
+    out = [Param("tok_embeddings.weight", (model.vocab_size, model.hidden), 0, False,
+                 model.vocab_multiple)]
     if model.position == "learned":
         out.append(Param("pos_embeddings.weight", (model.max_seq_len, model.hidden), None, False))
     return tuple(out)
@@ -124,7 +130,8 @@ def last_stage_params(model: ModelSpec, separate_output: bool) -> tuple[Param, .
     if model.norm == "layernorm":
         out.append(Param("norm.bias", (model.hidden,), None, False))
     if separate_output:
-        out.append(Param("output.weight", (model.vocab_size, model.hidden), 0, True))
+        out.append(Param("output.weight", (model.vocab_size, model.hidden), 0, True,
+                         model.vocab_multiple))
     return tuple(out)
 
 

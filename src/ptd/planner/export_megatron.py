@@ -87,11 +87,11 @@ def _model(m: ModelSpec, p: ParallelPlan, options: CostOptions, a, notes: list[s
     if m.is_moe:
         _moe(m, p, a, notes)
     a("--init-method-std", m.init_std)
-    # NullTokenizer's vocabulary is --vocab-size itself (end-of-document is id V-1); padding
-    # to a multiple of 1 * tp keeps the model's own size, since tp divides it.
+    # NullTokenizer's vocabulary is --vocab-size itself (end-of-document is id V-1); Megatron
+    # pads it to a multiple of make-vocab-size-divisible-by * tp, the rows ptd's runtime pads to.
     a("--tokenizer-type", "NullTokenizer")
     a("--vocab-size", m.vocab_size)
-    a("--make-vocab-size-divisible-by", 1)
+    a("--make-vocab-size-divisible-by", m.vocab_multiple)
     a("--attention-backend", "flash" if options.attention == "flash" else "unfused")
 
 

@@ -55,7 +55,6 @@ TP_CROSSES_NODES = "tp crosses nodes"
 TP_HEADS = "tp does not divide the attention heads"
 TP_KV_HEADS = "tp does not divide the key/value heads"
 TP_FFN = "tp does not divide the MLP width"
-TP_VOCAB = "tp does not divide the vocabulary"
 PP_LAYERS = "more pipeline stages than layers"
 DP_BATCH = "dp does not divide the global batch"
 UNEVEN = "layers not divisible by pp*vpp (uneven stages not allowed)"
@@ -437,8 +436,6 @@ def _layout_reason(model: ModelSpec, dp: int, tp: int, pp: int, node: int, globa
         return TP_KV_HEADS
     if model.ffn_hidden % tp:
         return TP_FFN
-    if model.vocab_size % tp:
-        return TP_VOCAB
     if pp > model.n_layers:
         return PP_LAYERS
     if global_batch % dp:

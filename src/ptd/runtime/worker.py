@@ -44,12 +44,15 @@ from .trainer import Trainer
 def dump_params(model: torch.nn.Module, path: Path, dims: ParallelDims) -> None:
     """Full (unsharded) state dict of the whole model on rank 0; a collective: every rank
     must call it. Each pipeline stage's is gathered over its dp/tp shards, then the stages'
-    are collected on rank 0 (over the pp group of rank 0)."""
+    are collected on rank 0 (over the pp group of rank 0). The vocabulary's padding rows
+    are left out, as exports leave them: the dump does not depend on tp."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from .model.transformer import is_vocab_tensor
     # (not cpu_offload: with it, only global rank 0 would get a state dict)
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    sd = {k: v.detach().cpu().clone() for k, v in sd.items()}
+    vocab = unwrap(model).spec.vocab_size
+    sd = {k: (v[:vocab] if is_vocab_tensor(k) else v).detach().cpu().clone() for k, v in sd.items()}
     if dims.plan.pp > 1 and dims.coords["dp"] == dims.coords["cp"] == dims.coords["tp"] == 0:
         parts: list | None = [None] * dims.plan.pp if dims.is_main else None
         dist.gather_object(sd, parts, dst=0, group=dims.group("pp"))
@@ -73,7 +76,8 @@ def build_trainer(cfg: TrainConfig, dims: ParallelDims) -> Trainer:
     # Dropout streams differ per replica and pipeline rank, not between tensor-parallel peers:
     # their replicated activations (the residual stream) must get the same masks.
     dims.seed_rng(cfg.seed)
-    model, stage_modules, stage_ids = split_model(build_model(cfg.model), plan, dims.coords["pp"])
+    model, stage_modules, stage_ids = split_model(build_model(cfg.model, tp=plan.tp), plan,
+                                                  dims.coords["pp"])
     model = parallelize(model, plan, dims, seed=cfg.seed, compile=cfg.compile, roots=stage_modules)
     # MoE: auxiliary-loss scale (the runners' loss is per replica token); stats once per tp group
     moe.prepare(model, plan.global_batch // plan.dp * plan.seq_len, record=dims.coords["tp"] == 0)
@@ -119,6 +123,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             plan=cfg.plan.to_dict(), plan_desc=cfg.plan.describe(), model=cfg.model.name,
             param_count=cfg.model.param_count(), device=str(dims.device), dtype=cfg.plan.dtype,
             torch=torch.__version__, runtime_params=runtime_params)
+        if note := cfg.model.padding_note(cfg.plan.tp):
+            summary["vocab_padding"] = note
         if not summary["status"].startswith("interrupted"):  # (every rank agrees)
             summary.update(probe.finish(summary))  # a collective: measured vs predicted
         trainer.log.finish(summary)

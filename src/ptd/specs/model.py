@@ -28,7 +28,7 @@ from .typecheck import check_instance, read_text_file
 
 MODEL_CAPS = {"n_layers": 100_000, "hidden": 2**20, "n_heads": 2**16, "n_kv_heads": 2**16,
               "ffn_hidden": 2**22, "vocab_size": 2**24, "max_seq_len": 2**27, "head_dim": 2**16,
-              "n_experts": 2**16, "top_k": 2**16}
+              "n_experts": 2**16, "top_k": 2**16, "vocab_multiple": 2**16}
 """Sizes no real model reaches (the largest published: ~200 layers, hidden 25,600, vocab
 ~256k, 10M context): beyond them an input is a typo (``n_layers = 1000000000``) that would
 otherwise exhaust memory in the cost model before any check on memory runs."""
@@ -93,6 +93,13 @@ class ModelSpec:
     """Dropout probability; changes activation memory (masks) and numerics."""
     init_std: float = 0.02
     """Standard deviation of the normal initialisation of weight matrices."""
+    vocab_multiple: int = 128
+    """The runtime pads the vocabulary to a multiple of ``vocab_multiple x tp`` (Megatron-LM's
+    ``--make-vocab-size-divisible-by``, same default), so that any vocabulary splits evenly over
+    tensor parallelism and the output GEMM has an aligned width. Padding rows start at zero,
+    are never looked up, and their logits are masked to -inf: they receive no probability and
+    no gradient, and exports and parameter counts leave them out. 1 pads to a multiple of tp
+    only."""
 
     def __post_init__(self) -> None:
         if self.head_dim == 0 and all(isinstance(getattr(self, f), int) and not isinstance(
@@ -109,7 +116,7 @@ class ModelSpec:
                 raise PtdError(f"model {self.name}: {f} = {getattr(self, f)} is beyond any real "
                                f"model (at most {cap})")
         for f in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size",
-                  "max_seq_len", "head_dim"):
+                  "max_seq_len", "head_dim", "vocab_multiple"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise PtdError(f"model {self.name}: {f} must be a positive integer, got {v!r}")
@@ -187,7 +194,8 @@ class ModelSpec:
         return counts
 
     def param_count(self) -> int:
-        """Total parameters, exactly as the runtime model allocates them."""
+        """Total parameters of the model, as the runtime allocates them less the vocabulary's
+        padding rows (:meth:`padded_vocab`: zero, never used, not the model's)."""
         c = self.param_counts()
         return (c["embedding"] + c["position"] + self.n_layers * c["layer"] + c["final_norm"]
                 + c["output"])
@@ -216,6 +224,22 @@ class ModelSpec:
         not it is tied to the embedding. This is the N of the 6N FLOP convention.
         """
         return self.n_layers * self.matmul_params_per_layer(active) + self.vocab_size * self.hidden
+
+    def padded_vocab(self, tp: int = 1) -> int:
+        """Rows of the embedding and output matrices the runtime allocates at tensor
+        parallelism ``tp``: ``vocab_size`` rounded up to a multiple of ``vocab_multiple * tp``."""
+        m = self.vocab_multiple * tp
+        return -(-self.vocab_size // m) * m
+
+    def padding_note(self, tp: int = 1) -> str | None:
+        """One line saying how the vocabulary is padded at ``tp``, or None without padding."""
+        rows = self.padded_vocab(tp)
+        if rows == self.vocab_size:
+            return None
+        times = f" x tp {tp}" if tp > 1 else ""
+        return (f"vocabulary: {self.vocab_size} padded to {rows} (a multiple of "
+                f"{self.vocab_multiple}{times}; the {rows - self.vocab_size} padding rows are "
+                f"masked out of the logits and left out of exports)")
 
     # --------------------------------------------------------------- helpers
     def replace(self, **changes: Any) -> "ModelSpec":

@@ -188,9 +188,6 @@ class ParallelPlan:
             raise PtdError(f"{m.name}: {m.n_kv_heads} key/value heads are not divisible by tp {t}")
         if m.ffn_hidden % t:
             raise PtdError(f"{m.name}: ffn_hidden {m.ffn_hidden} is not divisible by tp {t}")
-        if m.vocab_size % t:
-            raise PtdError(f"{m.name}: vocabulary {m.vocab_size} is not divisible by tp {t} "
-                           f"(the output layer is split over the vocabulary)")
         if self.ep > 1 and not m.is_moe:
             raise PtdError(f"{m.name}: ep {self.ep} needs a mixture-of-experts model (it has no experts)")
         if m.n_experts % self.ep:

@@ -68,6 +68,8 @@ class Summary(TypedDict, total=False):
     per_rank: list[dict[str, Any]]
     prediction: dict[str, Any]
     moe: dict[str, Any]
+    vocab_padding: str
+    """How the vocabulary was padded for tensor parallelism (absent without padding)."""
 
 
 REQUIRED: dict[str, type | tuple[type, ...]] = {

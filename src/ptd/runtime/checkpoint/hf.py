@@ -35,6 +35,7 @@ import torch
 
 from ...errors import PtdError
 from ...specs import ModelSpec
+from ..model.transformer import fit_vocab_rows, is_vocab_tensor
 
 
 # ----------------------------------------------------------------- architecture
@@ -111,8 +112,10 @@ _LLAMA_BLOCK = {
 
 
 def to_hf(state: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
-    """ptd parameter names -> the Hugging Face layout of :func:`architecture`."""
+    """ptd parameter names -> the Hugging Face layout of :func:`architecture`. The
+    vocabulary's padding rows (:meth:`ModelSpec.padded_vocab`) are left out."""
     arch = architecture(spec)
+    state = {k: v[:spec.vocab_size] if is_vocab_tensor(k) else v for k, v in state.items()}
     out: dict[str, torch.Tensor] = {}
     if arch == "mixtral":
         out = to_hf({k: v for k, v in state.items() if ".feed_forward." not in k},
@@ -305,6 +308,8 @@ def read_folder(folder: str | Path, run: ModelSpec) -> dict[str, torch.Tensor]:
     state = from_hf(tensors, run)
     from .restore import expected_params
     for name, shape in expected_params(run).items():
+        if is_vocab_tensor(name):  # the folder's rows are the real vocabulary, unpadded
+            shape = (run.vocab_size, *shape[1:])
         if tuple(state[name].shape) != shape:
             raise PtdError(f"init_from: {name} has shape {tuple(state[name].shape)}, expected {shape}")
     return state
@@ -321,7 +326,8 @@ def load_into(model: torch.nn.Module | list[torch.nn.Module], folder: str | Path
     for part in (model if isinstance(model, list) else [model]):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
         mine = get_model_state_dict(part)
-        sub = {k: state[k] for k in mine}
+        sub = {k: fit_vocab_rows(state[k], v.shape[0], run.vocab_size) if is_vocab_tensor(k) else state[k]
+               for k, v in mine.items()}
         set_model_state_dict(part, sub, options=StateDictOptions(full_state_dict=True))
         n += len(sub)
     return n
@@ -339,7 +345,7 @@ def export(ckpt_path: Path, out: Path) -> tuple[dict[str, Any], int, int]:
     ckpt = store.read(ckpt_path)
     spec = ckpt.config.model
     architecture(spec)
-    shapes = expected_params(spec)
+    shapes = expected_params(spec, ckpt.config.plan.tp)
     target = {"model": {k: torch.empty(s, dtype=torch.float32) for k, s in shapes.items()}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "torch.distributed is disabled ... single process"
@@ -350,5 +356,6 @@ def export(ckpt_path: Path, out: Path) -> tuple[dict[str, Any], int, int]:
     provenance = {"source": str(ckpt.path), "step": ckpt.step, "model": spec.to_dict(),
                   "tokens": ckpt.manifest.get("tokens")}
     config = save_folder(state, spec, out, provenance)
-    n_params = sum(t.numel() for k, t in target["model"].items())
+    n_params = sum(t[:spec.vocab_size].numel() if is_vocab_tensor(k) else t.numel()
+                   for k, t in target["model"].items())
     return config, len(to_hf(state, spec)), n_params

@@ -41,10 +41,11 @@ from .saver import checkpoint_root, layout_of
 from .state import TrainState, rng_template, set_rng_state
 
 
-def expected_params(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """``{fqn: shape}`` of every distinct parameter of the whole model (meta device)."""
+def expected_params(spec: ModelSpec, tp: int = 1) -> dict[str, tuple[int, ...]]:
+    """``{fqn: shape}`` of every distinct parameter of the whole model (meta device), its
+    vocabulary padded for tensor parallelism ``tp``."""
     from ..model.transformer import build_model
-    model = build_model(spec, "meta")
+    model = build_model(spec, "meta", tp)
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
@@ -57,7 +58,7 @@ def metadata_problems(ckpt: store.Checkpoint) -> list[str]:
     except Exception as e:  # noqa: BLE001 - any failure to read it is a damaged checkpoint
         return [f"{store.DCP_METADATA} does not load ({type(e).__name__}: {str(e)[:80]})"]
     try:
-        expected = expected_params(ckpt.config.model)
+        expected = expected_params(ckpt.config.model, ckpt.config.plan.tp)
     except PtdError as e:
         return [f"its manifest's config is invalid: {e}"]
     sdm = md.state_dict_metadata
@@ -213,6 +214,38 @@ def rebuild_ddp_buckets(model: Any, device: torch.device) -> bool:
     return True
 
 
+def _vocab_repadding(target: dict[str, Any], ckpt: store.Checkpoint
+                     ) -> list[tuple[str, str, torch.Tensor]]:
+    """Vocabulary tensors saved with another padding (another tp, or another
+    ``vocab_multiple``): DCP reshards only between equal global shapes, so each is swapped
+    for a whole tensor of the saved shape, read in full, and cut or padded after the load
+    (:func:`_finish_repadding`). Returns ``(section, key, the run's tensor)`` per swap."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from ..model.transformer import is_vocab_tensor
+    sdm = FileSystemReader(str(ckpt.path)).read_metadata().state_dict_metadata
+    swaps = []
+    for section in ("model", "optim"):
+        for key, t in target[section].items():
+            saved = getattr(sdm.get(f"{section}.{key}"), "size", None)
+            if (isinstance(t, torch.Tensor) and is_vocab_tensor(key) and saved is not None
+                    and tuple(saved) != tuple(t.shape) and tuple(saved[1:]) == tuple(t.shape[1:])):
+                swaps.append((section, key, t))
+                target[section][key] = torch.zeros(tuple(saved), dtype=t.dtype)
+    return swaps
+
+
+@torch.no_grad()
+def _finish_repadding(target: dict[str, Any], swaps: list[tuple[str, str, torch.Tensor]],
+                      vocab: int) -> None:
+    """Copy the real vocabulary rows of each swapped tensor into the run's own (its shard of
+    them under tp/FSDP), padding rows zero, and put the run's tensor back in ``target``."""
+    from ..model.init import assign_full
+    from ..model.transformer import fit_vocab_rows
+    for section, key, mine in swaps:
+        assign_full(mine, fit_vocab_rows(target[section][key], mine.shape[0], vocab).to(mine.device))
+        target[section][key] = mine
+
+
 def load_into(trainer: Any, ckpt: store.Checkpoint, cfg: TrainConfig, dims: Any) -> bool:
     """Load ``ckpt`` into ``trainer`` (a collective); returns whether RNG states were
     restored (same layout) rather than reseeded."""
@@ -226,7 +259,9 @@ def load_into(trainer: Any, ckpt: store.Checkpoint, cfg: TrainConfig, dims: Any)
     key = f"rank{dims.rank}"
     if keep_rng:
         target["rng"] = {key: rng_template(dims.device)}
+    repad = _vocab_repadding(target, ckpt)
     dcp.load(target, checkpoint_id=str(ckpt.path))
+    _finish_repadding(target, repad, cfg.model.vocab_size)
     state.load(target, parts)
     if keep_rng:
         set_rng_state(target["rng"][key], dims.device)

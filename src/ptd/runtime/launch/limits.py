@@ -54,7 +54,7 @@ def pp_problem(model: ModelSpec, plan: ParallelPlan, *, compile: bool = False) -
 
 def tp_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
     """Why this runtime cannot run ``plan``'s tensor/sequence parallelism, or None.
-    (Divisibility of heads, kv heads, ffn and vocabulary is ``ParallelPlan.validate``'s.)"""
+    (Divisibility of heads, kv heads and ffn is ``ParallelPlan.validate``'s.)"""
     if plan.tp == 1:
         return None
     if plan.sp and model.is_moe:

@@ -9,7 +9,9 @@ parameter tensor. ``tests/test_cost_vs_runtime.py`` checks the constants against
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -36,28 +38,10 @@ def count_ops(spec: ModelSpec, seq_len: int = 32, batch: int = 2) -> dict[str, i
     """Operators of one block forward/backward, the output layer + loss forward/backward,
     and one AdamW step (``foreach=False``, as ptd's single-tensor path) per tensor."""
     from ..model.init import materialize
-    from ..model.transformer import build_model, lm_loss_sum
+    from ..model.transformer import build_model
     model = build_model(spec, "meta")
     materialize(model, torch.device("cpu"), seed=0)
-    block = model.layers["0"]
-    rope = (model.rope_cos, model.rope_sin) if model.rope_cos is not None else None
-    x = torch.randn(batch, seq_len, spec.hidden, requires_grad=True)
-    out: dict[str, int] = {}
-    with OpCounter() as c:
-        y = block(x, rope)
-    out["block_fwd"] = c.total
-    g = torch.randn_like(y)
-    with OpCounter() as c:
-        y.backward(g)
-    out["block_bwd"] = c.total
-    h = torch.randn(batch, seq_len, spec.hidden, requires_grad=True)
-    t = torch.randint(0, spec.vocab_size, (batch, seq_len))
-    with OpCounter() as c:
-        loss = lm_loss_sum(model.output(model.norm(h)), t)
-    out["output_fwd"] = c.total
-    with OpCounter() as c:
-        loss.backward()
-    out["output_bwd"] = c.total
+    out = _block_and_output(model, spec, seq_len, batch, OpCounter, "total")
     p = torch.nn.Parameter(torch.randn(8, 8))
     opt = torch.optim.AdamW([p], lr=1e-3)
     p.grad = torch.randn(8, 8)
@@ -65,6 +49,34 @@ def count_ops(spec: ModelSpec, seq_len: int = 32, batch: int = 2) -> dict[str, i
     with OpCounter() as c:
         opt.step()
     out["adamw_per_tensor"] = c.total
+    return out
+
+
+def _block_and_output(model: torch.nn.Module, spec: ModelSpec, seq_len: int, batch: int,
+                      counter: type, read: str, loss_ctx: Any = contextlib.nullcontext,
+                      grad: Any = torch.randn_like) -> dict[str, int]:
+    """Operators of block 0's forward and backward and of the output layer + loss forward and
+    backward, each read from a fresh ``counter()`` as its attribute ``read``; the loss runs
+    under ``loss_ctx()`` (``loss_parallel`` for vocabulary-sharded logits)."""
+    from ..model.transformer import lm_loss_sum
+    rope = (model.rope_cos, model.rope_sin) if model.rope_cos is not None else None
+    x = torch.randn(batch, seq_len, spec.hidden, requires_grad=True)
+    out: dict[str, int] = {}
+    with counter() as c:
+        y = model.layers["0"](x, rope)
+    out["block_fwd"] = getattr(c, read)
+    g = grad(y)
+    with counter() as c:
+        y.backward(g)
+    out["block_bwd"] = getattr(c, read)
+    h = torch.randn(batch, seq_len, spec.hidden, requires_grad=True)
+    t = torch.randint(0, spec.vocab_size, (batch, seq_len))
+    with loss_ctx(), counter() as c:
+        loss = lm_loss_sum(model.output(model.norm(h)), t)
+    out["output_fwd"] = getattr(c, read)
+    with loss_ctx(), counter() as c:
+        loss.backward()
+    out["output_bwd"] = getattr(c, read)
     return out
 
 
@@ -95,31 +107,11 @@ def count_tp_ops(spec: ModelSpec, sp: bool = False, seq_len: int = 32, batch: in
     from torch.distributed.tensor.parallel import loss_parallel
     from ...specs import ParallelPlan
     from ..model.init import materialize
-    from ..model.transformer import build_model, lm_loss_sum
+    from ..model.transformer import build_model
     from ..parallel.tp import apply_tp
     model = build_model(spec, "meta")
     mesh = init_device_mesh("cpu", (1,))
     apply_tp(model, mesh, ParallelPlan(tp=1, sp=sp, seq_len=seq_len))
     materialize(model, torch.device("cpu"), seed=0)
-    rope = (model.rope_cos, model.rope_sin) if model.rope_cos is not None else None
-    x = torch.randn(batch, seq_len, spec.hidden, requires_grad=True)
-    out: dict[str, int] = {}
-    block = model.layers["0"]
-    xin = x  # the residual stream between blocks is a plain (sequence-shard) tensor
-    with DTensorOpCounter() as c:
-        y = block(xin, rope)
-    out["block_fwd"] = c.dtensor
-    g = torch.ones_like(y)
-    with DTensorOpCounter() as c:
-        y.backward(g)
-    out["block_bwd"] = c.dtensor
-    t = torch.randint(0, spec.vocab_size, (batch, seq_len))
-    h = torch.randn(batch, seq_len, spec.hidden, requires_grad=True)
-    hin = h
-    with loss_parallel(), DTensorOpCounter() as c:
-        loss = lm_loss_sum(model.output(model.norm(hin)), t)
-    out["output_fwd"] = c.dtensor
-    with loss_parallel(), DTensorOpCounter() as c:
-        loss.backward()
-    out["output_bwd"] = c.dtensor
-    return out
+    return _block_and_output(model, spec, seq_len, batch, DTensorOpCounter, "dtensor",
+                             loss_ctx=loss_parallel, grad=torch.ones_like)

@@ -73,6 +73,8 @@ def final_words(s: dict[str, Any]) -> str:
         f"ptd: {s['tokens_per_s']:,.0f} tokens/s, {s['step_time_s_mean']:.3f} s/step "
         f"(mean after step 1); {s['tokens']:,} tokens",
     ]
+    if s.get("vocab_padding"):
+        lines.append(f"ptd: {s['vocab_padding']}")
     if s.get("moe"):
         from ...summary.routing import routing_line
         lines.append(routing_line(s["moe"]))

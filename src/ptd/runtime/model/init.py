@@ -22,6 +22,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from .layers import RMSNorm
+from .transformer import fit_vocab_rows, is_vocab_tensor
 
 # Wrappers that prefix parameter names; stripped so the seed sees the model's own names.
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
@@ -46,17 +47,21 @@ def _is_residual_out(fqn: str) -> bool:
             or fqn.endswith("experts.w2"))  # stacked expert weights (runtime.moe)
 
 
-def _full_value(fqn: str, param: torch.Tensor, kind: str, std: float, seed: int) -> torch.Tensor:
+def _full_value(fqn: str, param: torch.Tensor, kind: str, std: float, seed: int,
+                vocab: int) -> torch.Tensor:
     shape = tuple(param.shape)  # the global shape, also for a DTensor
     if kind == "ones":
         return torch.ones(shape)
     if kind == "zeros":
         return torch.zeros(shape)
     g = torch.Generator(device="cpu").manual_seed(param_seed(seed, fqn))
+    if is_vocab_tensor(fqn):
+        # the real rows are drawn alike at every padding (tp), the padding rows are zero
+        return fit_vocab_rows(torch.normal(0.0, std, (vocab, *shape[1:]), generator=g), shape[0], vocab)
     return torch.normal(0.0, std, shape, generator=g)
 
 
-def _assign(param: torch.Tensor, full: torch.Tensor) -> None:
+def assign_full(param: torch.Tensor, full: torch.Tensor) -> None:
     """Copy ``full`` (or this rank's shard of it) into ``param``."""
     if isinstance(param, DTensor):
         # src_data_rank=None: every rank slices its own shard locally, no communication.
@@ -88,13 +93,13 @@ def init_plan(model: nn.Module) -> list[tuple[str, nn.Parameter, str]]:
 
 
 @torch.no_grad()
-def init_weights(model: nn.Module, seed: int, init_std: float, n_layers: int) -> None:
+def init_weights(model: nn.Module, seed: int, init_std: float, n_layers: int, vocab: int) -> None:
     """Initialise every parameter from ``(seed, name)`` (see the module docstring)."""
     residual_std = init_std / math.sqrt(2 * n_layers)
     for fqn, p, kind in init_plan(model):
         std = residual_std if kind == "normal_residual" else init_std
-        full = _full_value(fqn, p, kind.removesuffix("_residual"), std, seed)
-        _assign(p, full.to(device=p.device, dtype=p.dtype))
+        full = _full_value(fqn, p, kind.removesuffix("_residual"), std, seed, vocab)
+        assign_full(p, full.to(device=p.device, dtype=p.dtype))
 
 
 def materialize(model: nn.Module, device: torch.device | str, seed: int,
@@ -113,7 +118,7 @@ def materialize(model: nn.Module, device: torch.device | str, seed: int,
     inner.tie_weights()
     inner.init_buffers()
     spec = inner.spec
-    init_weights(model, seed, spec.init_std, spec.n_layers)
+    init_weights(model, seed, spec.init_std, spec.n_layers, spec.vocab_size)
     return model
 
 

@@ -12,7 +12,9 @@ nanoGPT-plain on purpose; the structure is what the parallel dimensions rely on:
 * activation checkpointing is a per-block switch (``Block.recompute``), not a wrapper
   module, so it does not change parameter names either.
 
-Its parameter count equals ``ModelSpec.param_count()`` exactly (tested for every preset).
+Its parameter count equals ``ModelSpec.param_count()`` exactly (tested for every preset), plus
+the vocabulary's padding rows (:meth:`ModelSpec.padded_vocab`), which are masked out of the
+logits (:func:`mask_vocab_padding`).
 """
 
 from __future__ import annotations
@@ -78,15 +80,20 @@ class Transformer(nn.Module):
     """Token ids ``(b, s)`` -> logits ``(b, s, vocab)`` (or hidden states on a pipeline
     stage without the output layer)."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, vocab_rows: int | None = None) -> None:
+        """``vocab_rows``: rows of the embedding and output matrices, the vocabulary padded
+        for tensor parallelism (``spec.padded_vocab(tp)``); by default ``padded_vocab(1)``."""
         super().__init__()
         self.spec = spec
-        self.tok_embeddings: nn.Embedding | None = _embedding(spec.vocab_size, spec.hidden)
+        rows = vocab_rows or spec.padded_vocab(1)
+        if rows < spec.vocab_size:
+            raise ValueError(f"vocab_rows {rows} < vocab_size {spec.vocab_size}")
+        self.tok_embeddings: nn.Embedding | None = _embedding(rows, spec.hidden)
         self.pos_embeddings: nn.Embedding | None = (
             _embedding(spec.max_seq_len, spec.hidden) if spec.position == "learned" else None)
         self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.n_layers)})
         self.norm: nn.Module | None = make_norm(spec)
-        self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
+        self.output: nn.Linear | None = nn.Linear(spec.hidden, rows, bias=False)
         if spec.position == "rope":
             # Not parameters: recomputed by init_buffers() after materialisation, never saved.
             # Not computed on the meta device: arange there imports torch._dynamo (~2 s).
@@ -129,16 +136,64 @@ class Transformer(nn.Module):
             h = self.norm(h)
         if self.output is not None:
             h = self.output(h)
+            if self.output.out_features > self.spec.vocab_size:
+                h = mask_vocab_padding(h, self.spec.vocab_size)
         return h
 
 
-def build_model(spec: ModelSpec, device: torch.device | str = "meta") -> Transformer:
-    """The whole model on ``device`` (``meta`` by default: shapes only, no memory).
+VOCAB_PARAMS = ("tok_embeddings.weight", "output.weight")
+"""The tensors with a row per vocabulary entry (and the padding rows)."""
+
+
+def is_vocab_tensor(name: str) -> bool:
+    """Does a parameter (or optimizer-state) name address a vocabulary tensor?"""
+    return any(f".{p}." in f".{name}." for p in VOCAB_PARAMS)
+
+
+def fit_vocab_rows(t: torch.Tensor, rows: int, vocab: int) -> torch.Tensor:
+    """``t``'s first ``vocab`` rows (the real vocabulary) padded with zero rows, or cut, to
+    ``rows``: a vocabulary tensor moved between paddings (another tp, an export, an import)."""
+    if t.shape[0] == rows:
+        return t
+    out = t.new_zeros((rows, *t.shape[1:]))
+    out[:vocab] = t[:vocab]
+    return out
+
+
+def mask_vocab_padding(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Logits with the padding columns (global index ``>= vocab``) set to -inf, so that the
+    softmax gives them probability 0 and the backward gives their output rows gradient 0.
+
+    Under tensor parallelism the logits are a ``DTensor`` sharded evenly on the vocabulary
+    (the padded size divides by tp): each rank masks the padding inside its own slice, a
+    suffix of it or all of it (the last ranks when the padding exceeds a shard)."""
+    from torch.distributed.tensor import DTensor
+    if isinstance(logits, DTensor):
+        local = logits.to_local()
+        offset = logits.device_mesh.get_local_rank() * local.shape[-1]
+        masked = _mask_from(local, vocab - offset)
+        return DTensor.from_local(masked, logits.device_mesh, logits.placements, run_check=False,
+                                  shape=logits.shape, stride=logits.stride())
+    return _mask_from(logits, vocab)
+
+
+def _mask_from(x: torch.Tensor, first: int) -> torch.Tensor:
+    """``x`` with its last-dimension columns from ``first`` on set to -inf (out of place)."""
+    n = x.shape[-1]
+    if first >= n:
+        return x
+    keep = torch.arange(n, device=x.device) < max(first, 0)
+    return x.masked_fill(~keep, float("-inf"))
+
+
+def build_model(spec: ModelSpec, device: torch.device | str = "meta", tp: int = 1) -> Transformer:
+    """The whole model on ``device`` (``meta`` by default: shapes only, no memory), its
+    vocabulary padded for tensor parallelism ``tp`` (:meth:`ModelSpec.padded_vocab`).
 
     On a real device the weights are *not* initialised; call
     :func:`ptd.runtime.model.init.materialize` (which also handles the meta case)."""
     with torch.device(device):
-        return Transformer(spec)
+        return Transformer(spec, spec.padded_vocab(tp))
 
 
 def lm_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -112,16 +112,22 @@ def plans(draw):
 
 
 # ----------------------------------------------------------------- ptd train --config
+def train_config(capfd, starts, base, text, *flags):
+    """``ptd train --config`` on a file holding ``text`` (plus ``flags``) into a fresh
+    folder: ``(exit code, that folder)``, after :func:`check`'s one-line rule."""
+    cfg = base / f"cfg{next(_counter)}.toml"
+    cfg.write_text(text)
+    out = base / f"out{next(_counter)}"
+    return check(capfd, starts, out, "train", "--config", cfg, *flags, "--out", out), out
+
+
 @pytest.mark.timeout(120)
 @FUZZ
 @given(plan=plans())
 def test_any_plan_is_accepted_or_refused_in_one_line(capfd, starts, world, plan):
     base, corpus = world
-    cfg = base / f"plan{next(_counter)}.toml"
-    cfg.write_text(dumps({"model": {"preset": "tiny"}, "steps": 2, "data": {"paths": [str(corpus)]},
-                          "plan": plan}))
-    out = base / f"out{next(_counter)}"
-    rc = check(capfd, starts, out, "train", "--config", cfg, "--out", out)
+    rc, out = train_config(capfd, starts, base, dumps(
+        {"model": {"preset": "tiny"}, "steps": 2, "data": {"paths": [str(corpus)]}, "plan": plan}))
     if rc == 0:
         (accepted, nproc), = starts.calls[-1:]
         accepted.validate(nproc)  # what was accepted is valid for the world it starts
@@ -166,13 +172,11 @@ def test_any_config_is_accepted_or_refused_in_one_line(capfd, starts, world, tab
             table[key] = str(base / "missing" / table[key])  # never a real folder of the test's
     if isinstance(table.get("checkpoint", {}).get("dir"), str):
         table["checkpoint"]["dir"] = str(base / "ck" / table["checkpoint"]["dir"])
-    cfg = base / f"cfg{next(_counter)}.toml"
     try:
-        cfg.write_text(dumps(table))
+        text = dumps(table)
     except TypeError:
         return  # not writable as TOML at all (tomlio's own limit), nothing to feed
-    out = base / f"out{next(_counter)}"
-    rc = check(capfd, starts, out, "train", "--config", cfg, "--out", out)
+    rc, _ = train_config(capfd, starts, base, text)
     if rc == 0:
         accepted, nproc = starts.calls[-1]
         accepted.validate(nproc)
@@ -184,11 +188,8 @@ def test_any_config_is_accepted_or_refused_in_one_line(capfd, starts, world, tab
 @given(text=st.text(max_size=60))
 def test_any_toml_text_is_accepted_or_refused_in_one_line(capfd, starts, world, text):
     base, corpus = world
-    cfg = base / f"raw{next(_counter)}.toml"
-    cfg.write_text(text)
-    out = base / f"out{next(_counter)}"
-    check(capfd, starts, out, "train", "--config", cfg, "--model", "tiny", "--data", corpus,
-          "--seq-len", "32", "--global-batch", "4", "--micro-batch", "1", "--out", out)
+    train_config(capfd, starts, base, text, "--model", "tiny", "--data", corpus, "--seq-len", "32",
+                 "--global-batch", "4", "--micro-batch", "1")
 
 
 # ----------------------------------------------------------------- command lines

@@ -52,6 +52,13 @@ MEM = {"params": 361728, "grads": 361728, "optimizer": 723456, "model_states": 1
        "activations": 2447360}
 
 
+def report_html(ptd_cli, run):
+    """``ptd report RUN`` (must exit 0) and the page it wrote."""
+    rc, _, err = ptd_cli("report", str(run))
+    assert rc == 0, err
+    return (run / "report.html").read_text()
+
+
 def _rank(rank, pp, dp):
     return {
         "rank": rank, "coords": {"pp": pp, "dp": dp, "tp": 0},
@@ -191,8 +198,7 @@ def test_ratios_coloured_only_when_off_by_more_than_25_percent(ptd_cli, tmp_path
     s["measured"]["memory"]["activations"] = 1.2 * s["predicted"]["memory"]["activations"]
     s["measured"]["memory"]["grads"] = 0.5 * s["predicted"]["memory"]["grads"]
     run = make_run(tmp_path / "run", s)
-    assert ptd_cli("report", str(run))[0] == 0
-    html = (run / "report.html").read_text()
+    html = report_html(ptd_cli, run)
     step = _row(html, "step_time_s")
     assert 'class="r hi"' in step and ">7.70<" in step       # 0.1338 / 0.01737
     assert 'class="r lo"' in _row(html, "tokens_per_s")
@@ -208,8 +214,7 @@ def test_model_name_is_escaped(ptd_cli, tmp_path):
     evil = '<script>alert("x")</script>&'
     s = summary(model=evil, plan_desc="dp2 <b>pp2</b>")
     run = make_run(tmp_path / "run", s, config=CONFIG.replace('"tiny"', '"</pre><script>"'))
-    assert ptd_cli("report", str(run))[0] == 0
-    html = (run / "report.html").read_text()
+    html = report_html(ptd_cli, run)
     assert "<script" not in html.lower()
     assert "<b>" not in html and "</pre><script>" not in html
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;" in html
@@ -263,9 +268,7 @@ def test_stopped_run_without_measurement_still_renders(ptd_cli, tmp_path):
     run = make_run(tmp_path / "run", s, metrics(losses, {}))
     with open(run / "metrics.jsonl", "a") as fh:
         fh.write('{"step": 4, "loss": 5.1, "lr"')              # cut off by a crash
-    rc, out, err = ptd_cli("report", str(run))
-    assert rc == 0, err
-    html = (run / "report.html").read_text()
+    html = report_html(ptd_cli, run)
     assert "stopped: non-finite loss at step 3" in html
     assert 'class="status bad"' in html
     assert "no prediction" in html
@@ -288,9 +291,7 @@ def test_steps_are_printed_as_ranges(ptd_cli, tmp_path):
     losses = [5.0] * 8
     losses[3] = losses[4] = losses[6] = float("nan")             # steps 4, 5, 7
     run = make_run(tmp_path / "run", s, metrics(losses, {}))
-    rc, _, err = ptd_cli("report", str(run))
-    assert rc == 0, err
-    html = (run / "report.html").read_text()
+    html = report_html(ptd_cli, run)
     assert "measured step time: mean of steps 6, 8-200 (no warm-up" in html
     assert "8, 9" not in html
     assert "non-finite loss at step(s) 4-5, 7" in html
@@ -298,9 +299,7 @@ def test_steps_are_printed_as_ranges(ptd_cli, tmp_path):
 
 def test_crashed_run_with_metrics_only(ptd_cli, tmp_path):
     run = make_run(tmp_path / "run", summ=False, recs=metrics(LOSSES[:4], {}))
-    rc, _, err = ptd_cli("report", str(run))
-    assert rc == 0, err
-    html = (run / "report.html").read_text()
+    html = report_html(ptd_cli, run)
     assert "unknown (no summary.json)" in html
     assert "<h1>ptd run: tiny, dp2 tp1 pp2 zero0</h1>" in html   # from config.toml
     assert f"train loss, step 4: {LOSSES[3]:.4f}" in html
@@ -312,9 +311,7 @@ def test_single_step_run_without_prediction(ptd_cli, tmp_path):
     del s["measured"]["breakdown"]
     s.pop("val_loss")
     run = make_run(tmp_path / "run", s, metrics([5.5659], {}))
-    rc, _, err = ptd_cli("report", str(run))
-    assert rc == 0, err
-    html = (run / "report.html").read_text()
+    html = report_html(ptd_cli, run)
     assert "train loss, step 1: 5.5659" in html
     assert "no prediction" in html
     assert "no measured breakdown" in html

@@ -91,18 +91,22 @@ def test_estimate_405b_128k_prices_cp_and_fits_only_with_sp(ptd_cli):
     from ptd.cost.estimate import estimate
     with_sp = estimate(M405, BIG, plan405(zero=0))
     assert with_sp.memory.fits and with_sp.step.cp_comm_total > 0
-    # ptd's runtime does not combine cp with sp yet, and estimate chooses only what ptd
-    # trains (the one plan validator): the command prices the layout without sp, with the cp
-    # exchange in its breakdown, and says it does not fit.
+    without = estimate(M405, BIG, plan405(zero=0).replace(sp=False))
+    assert not without.memory.fits
+    # ptd's runtime combines cp with sp, so the command (sp left to it) chooses sp and prints
+    # a plan that fits, with the cp exchange in its breakdown; --no-sp does not fit
     rc, out, err = ptd_cli("estimate", *CMD_405B)
     assert rc == 0, err
-    assert "dp4 tp8 pp16 cp16" in out and "sp=False" in out
-    assert "cp_comm" in out and "K/V exchange" in out and "DOES NOT FIT" in out
+    assert "dp4 tp8 pp16 cp16" in out and "sp=True" in out
+    assert "cp_comm" in out and "K/V exchange" in out and "fits in" in out
     rc, out, err = ptd_cli("estimate", *CMD_405B, "--json")
     d = json.loads(out)
-    assert d["plan"]["cp"] == 16 and d["plan"]["dp"] == 4
+    assert d["plan"]["cp"] == 16 and d["plan"]["dp"] == 4 and d["plan"]["sp"]
     assert d["step_time_s"]["cp_comm_total"] > 0 and "cp_comm" in d["step_time_s"]
-    assert not d["fits"]
+    assert d["fits"]
+    rc, out, err = ptd_cli("estimate", *CMD_405B, "--no-sp")
+    assert rc == 0, err
+    assert "DOES NOT FIT" in out
 
 
 def test_plan_searches_cp_and_rejects_with_reason(ptd_cli):
@@ -114,10 +118,9 @@ def test_plan_searches_cp_and_rejects_with_reason(ptd_cli):
     assert d["search"]["layouts_rejected"] == {"cp does not divide the devices": 1}  # cp 3
     assert d["search"]["layouts_considered"] == 2  # cp 1 and cp 16 (tp 8, pp 16 fixed)
     assert (d["cp_values"], d["dp_comm"], d["servers"]) == ([1, 3, 16], "allreduce", None)
-    # At 128k tokens cp 16 fits only with sequence parallelism, which ptd's runtime does not
-    # combine with cp yet; the planner ranks only what ptd trains, so no cp 16 plan is left
-    # (the cp 1 plans that fit are bubble-bound GPipe: see docs/parallelism-cp.md).
-    assert d["top"] and all(t["plan"]["cp"] == 1 for t in d["top"])
+    # At 128k tokens cp 16 fits only with sequence parallelism (which ptd trains with cp), and
+    # it wins: the cp 1 plans that fit are bubble-bound GPipe (docs/parallelism-cp.md)
+    assert d["top"] and d["top"][0]["plan"]["cp"] == 16 and d["top"][0]["plan"]["sp"]
     # seq 48 cannot be cut into 2*16 chunks
     rc, out, err = ptd_cli("plan", "--model", "tiny", "--hardware", "h100-sxm", "--gpus", "16",
                            "--seq-len", "48", "--global-batch", "16", "--cp", "1,16", "--json")

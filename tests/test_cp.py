@@ -82,8 +82,10 @@ def test_cp_attention_equals_sdpa_on_two_ranks(tmp_path):
     (["--nproc", "2", "--cp", "0"], "--cp: expected a positive integer"),
     (["--model", "tiny-gpt", "--nproc", "2", "--cp", "2"], "context parallel needs RoPE"),
     (["--nproc", "2", "--cp", "2", "--zero", "3"], "zero 0 or 1"),
-    (["--nproc", "4", "--cp", "2", "--tp", "2", "--sp"], "drop --sp"),
     (["--nproc", "2", "--cp", "2", "--grad-compression", "fp16"], "compression hooks need DDP"),
+    # 68 cuts into 2*cp = 4 zig-zag chunks, but a cp slice of 34 tokens not over tp 4
+    (["--nproc", "8", "--cp", "2", "--tp", "4", "--sp", "--seq-len", "68"],
+     r"divisible by tp\*cp = 4\*2"),
 ])
 def test_cp_refused_before_any_worker(ptd_cli, no_workers, tmp_path, flags, match):
     import re

@@ -52,6 +52,8 @@ LAYOUTS = [
     ("cp2", ["--nproc", "2", "--cp", "2", "--micro-batch", "4", *EVAL], 1e-5),
     ("cp2-dp2", ["--nproc", "4", "--cp", "2", "--dp", "2", "--micro-batch", "2"], 1e-5),
     ("cp2-tp2", ["--nproc", "4", "--cp", "2", "--tp", "2", "--micro-batch", "4"], 1e-5),
+    # sequence parallel inside each cp slice: the slice's tokens split again over tp
+    ("cp2-tp2-sp", ["--nproc", "4", "--cp", "2", "--tp", "2", "--sp", "--micro-batch", "4"], 1e-5),
     ("cp2-pp2", ["--nproc", "4", "--cp", "2", "--pp", "2", "--micro-batch", "2", *EVAL], 1e-5),
     # the 3-D example of docs/parallelism.md
     ("pp2-dp2-tp2-zero1-sp", ["--nproc", "8", "--pp", "2", "--dp", "2", "--tp", "2", "--zero", "1",

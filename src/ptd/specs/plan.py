@@ -157,8 +157,10 @@ class ParallelPlan:
                            f"micro-batch*dp = {self.micro_batch}*{self.dp}")
         if self.sp and self.tp == 1:
             raise PtdError("sequence parallel needs tp > 1")
-        if self.sp and self.seq_len % self.tp:
-            raise PtdError(f"sequence parallel needs seq_len ({self.seq_len}) divisible by tp ({self.tp})")
+        if self.sp and self.seq_len % (self.tp * self.cp):
+            what = f"tp*cp = {self.tp}*{self.cp}" if self.cp > 1 else f"tp ({self.tp})"
+            raise PtdError(f"sequence parallel needs seq_len ({self.seq_len}) divisible by {what} "
+                           f"(each rank's share of the sequence)")
         if self.cp > 1 and self.seq_len % (2 * self.cp):
             raise PtdError(f"context parallel cp {self.cp} needs seq_len ({self.seq_len}) divisible by "
                            f"2*cp = {2 * self.cp} (zig-zag: every sequence is cut into 2*cp chunks)")

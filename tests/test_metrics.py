@@ -43,3 +43,24 @@ def test_fit_parallel_fraction_by_hand():
                                     (float("-inf"), None), (1.5, 1.5), (0.0, 0.0)])
 def test_finite_or_none(x, want):
     assert M.finite_or_none(x) == want
+
+
+# ------------------------------------------------------------- FLOPs per token (cost/flops.py)
+def test_recompute_flops_of_a_moe_model_by_hand():
+    """tiny-moe: L 4, h 64, 8 query heads of 8 (H d = 64), 4 kv heads (kv width 32), 8 SwiGLU
+    experts of width 64, top 2. Per token and layer, active products: attention
+    64*64 + 2*64*32 + 64*64 = 12288, two experts 2 * 3*64*64 = 24576, router 64*8 = 512:
+    37376; the down projections of the two visited experts 2 * 64*64 = 8192. At s = 128
+    attention's core is 4 s (H d) = 32768 per layer forward."""
+    from ptd.cost.flops import flops_per_token
+    from ptd.specs import get_preset
+    m = get_preset("tiny-moe")
+    core = 4 * 32768
+    none = flops_per_token(m, 128)
+    assert none.recompute == 0 and none.hardware == none.model
+    assert flops_per_token(m, 128, "selective").recompute == core
+    # full, stopping early (the default, PyTorch's checkpoint): all but the down projections
+    assert flops_per_token(m, 128, "full").recompute == 2 * 4 * (37376 - 8192) + core
+    assert flops_per_token(m, 128, "full", early_stop=False).recompute == 2 * 4 * 37376 + core
+    # model FLOPs: 3 x (2 x (4 layers x 37376 + output 256 x 64) + 4 x 32768)
+    assert none.model == 3 * (2 * (4 * 37376 + 256 * 64) + core)

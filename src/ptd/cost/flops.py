@@ -108,8 +108,3 @@ def megatron_flops_per_iteration(model: ModelSpec, batch: int, seq_len: int,
     if recompute:
         return 96.0 * b * s * l * h * h * (1 + s / (6.0 * h) + v / (16.0 * l * h))
     return 72.0 * b * s * l * h * h * (1 + s / (6.0 * h) + v / (12.0 * l * h))
-
-
-def simple_6n_flops_per_token(model: ModelSpec) -> float:
-    """The rougher ``6 N`` rule (Kaplan et al. 2020) with N all parameters, for comparison."""
-    return 6.0 * model.param_count()

@@ -110,3 +110,35 @@ def test_cluster_crossover_table_by_hand():
     assert rows[1]["server_link_bytes_at_n"] == 2 * M
     text = render_ps({"model": "llama3-8b", "ps": rows})
     assert "servers to match" in text and "none <= 4N" in text
+
+
+def test_edges_by_hand():
+    """The guards and the uneven cases (written from a mutation run's survivors)."""
+    # 5 workers on 4 servers: a server's link carries 2 x 3 x 5 / 4 = 7.5 bytes of M = 3 (not
+    # the 7 of a floor division); on 2 servers a phase takes max(5, 2) alpha + 5/2 M/B
+    assert ps.ps_server_link_bytes(3.0, 5, 4) == pytest.approx(7.5)
+    assert ps.ps_time(3.0, 5, 2, alpha=1.0, bandwidth=1.0) == pytest.approx(2 * (5 + 2.5 * 3))
+    # one worker still pushes and pulls (a real server), one byte is still a transfer
+    assert ps.ps_time(1.0, 1, 1, alpha=1.0, bandwidth=2.0) == pytest.approx(2 * (1 + 0.5))
+    assert ps.ps_time(1.0, 2, 1, alpha=0.0, bandwidth=1.0) == pytest.approx(4.0)
+    # nothing to send, or no worker: free
+    for nbytes, n in ((0.0, 4), (-1.0, 4), (8.0, 0)):
+        assert ps.ps_time(nbytes, n, 2, alpha=1.0, bandwidth=1.0) == 0.0
+    # the ring: one rank or no bytes is free; 2 ranks, 1 byte: 2 alpha + 2 (1/2) M/B
+    assert ps.ring_allreduce_time(8.0, 1, 1.0, 1.0) == 0.0
+    assert ps.ring_allreduce_time(0.0, 4, 1.0, 1.0) == 0.0
+    assert ps.ring_allreduce_time(-1.0, 4, 1.0, 1.0) == 0.0
+    assert ps.ring_allreduce_time(8.0, 0, 1.0, 1.0) == 0.0
+    assert ps.ring_allreduce_time(1.0, 2, alpha=1.0, bandwidth=1.0) == pytest.approx(2 + 1)
+    assert ps.ring_allreduce_time(1.0, 2, alpha=0.0, bandwidth=4.0) == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="servers must be >= 1"):
+        ps.ps_time(1.0, 2, 0, 1.0, 1.0)
+
+
+def test_dp_ps_time_uses_the_network_and_is_free_for_one_replica():
+    from types import SimpleNamespace
+    link = SimpleNamespace(latency=1.0, effective_bandwidth=2.0)
+    hw = SimpleNamespace(inter_node=link)
+    assert ps.dp_ps_time(8.0, 1, 2, hw) == 0.0
+    # 2 replicas, 2 servers: 2 x (max(2, 2) x 1 + max(1, 1) x 8 / 2) = 12 s
+    assert ps.dp_ps_time(8.0, 2, 2, hw) == pytest.approx(12.0)

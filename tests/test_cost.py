@@ -232,16 +232,21 @@ def test_memory_parts_shrink_with_sharding():
     for z in (1, 2, 3):
         assert (mems[z].params, mems[z].grads, mems[z].optimizer) == (psi / 2, psi / 2, psi)
     # what the stages hold during the step: DDP its bf16 compute copies; ZeRO-1/2 every
-    # parameter gathered in bf16 and one block's fp32 gradient before its reduce-scatter;
-    # ZeRO-3 two gathered bf16 blocks and one block's fp32 gradient
+    # parameter gathered in bf16 and the largest FSDP unit's fp32 gradient before its
+    # reduce-scatter -- a block is 772 MiB of fp32, past the 25 MiB that closes a unit, so
+    # every block is a unit and the largest is the root's: embeddings and output layer
+    # 2 x 32000 x 4096 plus the final norm, 262,148,096 > 202,383,360; ZeRO-3 two gathered
+    # bf16 blocks and one block's fp32 gradient
+    root = 2 * 32000 * 4096 + 4096
+    assert P.zero12_unit_blocks(m, 1) == 1
     assert mems[0].buffers == 2 * psi
-    assert mems[1].buffers == mems[2].buffers == 2 * psi + 4 * block
+    assert mems[1].buffers == mems[2].buffers == 2 * psi + 4 * root
     assert mems[3].buffers == 2 * 2 * block + 4 * block
     assert mems[0].total > mems[1].total == mems[2].total > mems[3].total
     # with 2 micro-batches ZeRO-1 defers the reduction: every fp32 gradient unsharded until
     # the last one; ZeRO-2 still reduces block by block
     assert mem(1, 16).buffers == 2 * psi + 4 * psi
-    assert mem(2, 16).buffers == 2 * psi + 4 * block
+    assert mem(2, 16).buffers == 2 * psi + 4 * root
     tp = estimate(m, c, ParallelPlan(tp=8, global_batch=8, seq_len=4096, dtype="bf16")).memory
     assert tp.params == pytest.approx(mems[0].params / 8, rel=0.01)
 

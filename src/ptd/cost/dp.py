@@ -80,16 +80,9 @@ def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
                  + 2 * (mbt.ar + mbt.wait))
     else:
         blk_f = blk_b = 0.0
-    hidden_ag = max(0.0, ag_block - blk_f)  # prefetch one block ahead
     if plan.zero < 3:
-        n_rs = m if (plan.zero == 2 and plan.pp == 1) else 1  # micro-batches that reduce
-        total = nl * ag_block + n_rs * nl * rs_block
-        exposed = ag_block + (nl - 1) * hidden_ag  # the first micro-batch's forward
-        if plan.pp > 1:
-            return DpTerms(total, exposed + nl * rs_block, 0.0)
-        # backward: nothing to gather, each block's reduce-scatter behind the next block
-        exposed += n_rs * ((nl - 1) * max(0.0, rs_block - blk_b) + rs_block)
-        return DpTerms(total, exposed, 0.0)
+        return _zero12(model, plan, hw, nl, blk_f, blk_b, rs_kind, group, coll)
+    hidden_ag = max(0.0, ag_block - blk_f)  # prefetch one block ahead
     total = 2 * m * nl * ag_block + nl * rs_block  # ZeRO-3 gathers again for the backward
     exposed = m * (ag_block + (nl - 1) * hidden_ag)
     # Backward: while a block computes, the next block's gather and (on the last
@@ -98,3 +91,34 @@ def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
     exposed += (m - 1) * nl * max(0.0, ag_block - blk_b)
     exposed += nl * max(0.0, ag_block + rs_block - blk_b) + rs_block
     return DpTerms(total, exposed, 0.0)
+
+
+def _zero12(model: ModelSpec, plan: ParallelPlan, hw: Any, nl: int, blk_f: float, blk_b: float,
+            rs_kind: str, group: tuple[int, int, int], coll: Callable[..., float]) -> DpTerms:
+    """ZeRO-1/2 (runtime/parallel/fsdp.py): ``nl // k`` FSDP units of ``k`` blocks
+    (:func:`ptd.cost.params.zero12_unit_blocks`) and the root's unit (the ``nl % k`` blocks
+    left and the rank's other parameters). Each is gathered once per step -- the root's
+    first, at the start of the forward, then each unit's behind the previous unit's forward
+    -- and kept until the last backward; each is reduce-scattered in the last micro-batch's
+    backward (ZeRO-1) or in every one (ZeRO-2), a unit's behind the next unit's backward, the
+    first unit's and the root's (at the very end) exposed. Under a pipeline torch defers every
+    reduce-scatter to the end of the schedule."""
+    dp_n, dp_nodes, dp_per = group
+    block = P.block_numel(model, plan.tp)
+    k = P.zero12_unit_blocks(model, plan.tp)
+    n_units = nl // k
+    root = (nl % k) * block + max(0, P.max_local_numel(model, plan) - nl * block)
+
+    def ag(n: float) -> float:
+        return coll("all_gather", n * DTYPE_BYTES[plan.dtype], dp_n, hw, dp_nodes, dp_per)
+
+    def rs(n: float) -> float:
+        return coll(rs_kind, n * 4, dp_n, hw, dp_nodes, dp_per)
+    ag_u, rs_u = ag(k * block), rs(k * block)
+    n_rs = plan.n_microbatches if (plan.zero == 2 and plan.pp == 1) else 1
+    total = ag(root) + n_units * ag_u + n_rs * (rs(root) + n_units * rs_u)
+    exposed = ag(root) + (ag_u + (n_units - 1) * max(0.0, ag_u - k * blk_f) if n_units else 0.0)
+    if plan.pp > 1:
+        return DpTerms(total, exposed + rs(root) + n_units * rs_u, 0.0)
+    backward = rs(root) + (rs_u + (n_units - 1) * max(0.0, rs_u - k * blk_b) if n_units else 0.0)
+    return DpTerms(total, exposed + n_rs * backward, 0.0)

@@ -26,7 +26,7 @@ the two conventions file that differently:
   during the step is in **buffers**: the gathered parameters (compute dtype, every local
   parameter) and, under stage 1 with gradient accumulation (or any stage under a pipeline
   schedule, which defers FSDP's reduction to its last backward), the unsharded fp32
-  gradients.
+  gradients, else those of one FSDP unit (``k`` blocks of at least 25 MiB, or the root's).
 
 **Activations** generalise Korthikanti et al. 2022 (arXiv 2205.05198, section 4): the bytes
 each block keeps for backward, tensor by tensor, with ``a_b`` bytes per activation element,
@@ -333,7 +333,7 @@ def buffer_bytes(model: ModelSpec, plan: ParallelPlan, pp_rank: int = 0,
       unsharded fp32 gradients of every local parameter where the reduction waits for the
       last micro-step -- ZeRO-1 with gradient accumulation, either stage under a pipeline
       schedule -- (counted in the ``"zero"`` convention's ZeRO-1 gradients already), else
-      one block's before its reduce-scatter, as ZeRO-3;
+      the largest FSDP unit's before its reduce-scatter (:func:`zero12_largest_unit`);
     * pipeline: one activation send and one receive buffer per neighbour;
     * DDP buckets are views of the gradients (``gradient_as_bucket_view``): no extra copy.
     """
@@ -347,13 +347,22 @@ def buffer_bytes(model: ModelSpec, plan: ParallelPlan, pp_rank: int = 0,
         if convention != "zero":
             total += local * ab
         if not (convention == "zero" and plan.zero == 1):  # (there: in the gradients)
-            total += local * 4 if zero12_full_grads(plan) else block * 4
+            total += 4 * (local if zero12_full_grads(plan) else zero12_largest_unit(model, plan))
     elif ab < 4 and convention != "zero":
         total += local * ab
     if plan.pp > 1:
         act = ab * plan.seq_len * plan.micro_batch * model.hidden / (plan.tp if plan.sp else 1)
         total += 4 * act
     return total
+
+
+def zero12_largest_unit(model: ModelSpec, plan: ParallelPlan) -> int:
+    """Parameters of the largest ZeRO-1/2 FSDP unit without a pipeline (pp = 1): ``k``
+    blocks, or the root's (the ``n_layers % k`` blocks left, embeddings, norm, output)."""
+    block = P.block_numel(model, plan.tp)
+    k, nl = P.zero12_unit_blocks(model, plan.tp), model.n_layers
+    root = P.local_numel(model, plan, 0) - (nl // k) * k * block
+    return max(k * block if nl >= k else 0, root)
 
 
 def zero12_full_grads(plan: ParallelPlan) -> bool:

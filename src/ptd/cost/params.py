@@ -253,6 +253,16 @@ def max_local_numel(model: ModelSpec, plan: ParallelPlan) -> int:
     return max(_local_numels(model, layout_key(plan), plan.tp))
 
 
+ZERO12_UNIT_BYTES = 25 * 1024 * 1024  # ptd.runtime.parallel.fsdp.UNIT_BYTES
+
+
+def zero12_unit_blocks(model: ModelSpec, tp: int) -> int:
+    """Blocks per FSDP unit under ZeRO-1/2 (``runtime/parallel/fsdp.py``, ``bucket_blocks``):
+    consecutive blocks until the unit holds 25 MiB of fp32 parameters; a rank's last
+    ``nl % k`` blocks join the root's unit (embeddings, final norm, output layer)."""
+    return max(1, -(-ZERO12_UNIT_BYTES // (4 * block_numel(model, tp))))
+
+
 @lru_cache(maxsize=8192)
 def _fsdp_numel_of(params: tuple[Param, ...], tp: int, dp: int, dp_rank: int) -> int:
     return fsdp_numel([p.local_shape(tp) for p in params], dp, dp_rank)

@@ -29,6 +29,7 @@ RUN_TIMEOUT = 150
 SOURCES = {
     "dp2-zero1": ["--nproc", "2", "--zero", "1", "--micro-batch", "4"],
     "dp2-zero3": ["--nproc", "2", "--zero", "3", "--micro-batch", "2"],
+    "dp2-zero2": ["--nproc", "2", "--zero", "2", "--micro-batch", "2"],
     "dp2-zero0-async": ["--nproc", "2", "--zero", "0", "--micro-batch", "4", "--checkpoint-async"],
     # Tensor-parallel shards (DTensor) and ZeRO-1's per-tp-rank optimizer partitions.
     "dp2-tp2-zero1": ["--nproc", "4", "--dp", "2", "--tp", "2", "--zero", "1", "--micro-batch", "2"],
@@ -39,6 +40,9 @@ RESHARDS = [
     ("dp2-zero3", ["--nproc", "4", "--zero", "1", "--micro-batch", "2"], 1e-5),
     ("dp2-zero3", ["--nproc", "1", "--micro-batch", "8"], 1e-5),
     ("dp2-zero0-async", ["--nproc", "2", "--zero", "2", "--micro-batch", "4"], 1e-5),
+    # ZeRO-2's FSDP shards out to one process and into tp 2 under ZeRO-1
+    ("dp2-zero2", ["--nproc", "1", "--micro-batch", "8"], 1e-5),
+    ("dp2-zero2", ["--nproc", "4", "--dp", "2", "--tp", "2", "--zero", "1", "--micro-batch", "2"], 1e-4),
     # into context parallelism: cp 2 x dp 2 (each sequence split over two ranks), ZeRO-1
     ("dp2-zero3", ["--nproc", "4", "--cp", "2", "--dp", "2", "--zero", "1", "--micro-batch", "2"], 1e-5),
     # Out of tensor parallelism: split matmuls sum in another order, hence 1e-4.

@@ -54,15 +54,19 @@ def test_model_states_per_rank_match_the_plain_sharding():
             params = P.rank_params(m, p, r)
             shapes = [t.local_shape(p.tp) for t in params]
             full = sum(_prod(s) for s in shapes)
-            z1 = P.zero1_numel(params, p.tp, p.dp)
             for d in range(p.dp):
-                e = M.model_state_elements(m, p, r, d)
                 sharded = P.fsdp_numel(shapes, p.dp, d)
-                # ZeRO-2 keeps whole parameters but only the owned share of gradients
-                # (ZeRO-1's partition); ZeRO-3 shards everything the FSDP way
-                want = {0: (full, full, full), 1: (full, full, z1[d]),
-                        2: (full, z1[d], z1[d]), 3: (sharded, sharded, sharded)}[p.zero]
+                # ptd's convention: every ZeRO stage keeps FSDP's shards between steps; the
+                # paper's counts the gathered parameters of stages 1/2 (and stage 1's
+                # unsharded gradients) in full
+                want = {0: (full, full, full), 1: (sharded,) * 3, 2: (sharded,) * 3,
+                        3: (sharded,) * 3}[p.zero]
+                paper = {0: (full, full, full), 1: (full, full, sharded),
+                         2: (full, sharded, sharded), 3: (sharded,) * 3}[p.zero]
+                e = M.model_state_elements(m, p, r, d)
                 assert (e.params, e.grads, e.optimizer) == want
+                e = M.model_state_elements(m, p, r, d, "zero")
+                assert (e.params, e.grads, e.optimizer) == paper
 
 
 def test_most_loaded_rank_is_the_max_over_all_ranks():

@@ -58,6 +58,30 @@ def test_loss_parity_with_single_process(reference, home, tmp_path, zero):
 
 
 @pytest.mark.timeout(2 * RUN_TIMEOUT + 60)
+@pytest.mark.parametrize("zero", [1, 2], ids=["zero1", "zero2"])
+def test_zero12_one_block_per_unit(reference, home, tmp_path, zero):
+    # The tiny model's blocks (148 kB each) are far under the 25 MiB that closes a ZeRO-1/2
+    # FSDP unit, so the runs above hold one unit; a unit size of 1 byte makes every block a
+    # unit of its own, as a block of a billion-parameter model is: 5 gathers and
+    # reduce-scatters a step, with accumulation over 2 micro-batches
+    run = trained(tmp_path / "run", "--nproc", "2", "--zero", str(zero), "--micro-batch", "2",
+                  home=home, env={"PTD_FSDP_UNIT_BYTES": "1"})
+    assert_same_run(run, reference)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["measured"]["memory"]["model_states_equal_per_rank"] is True
+
+
+def test_zero12_units_group_blocks_to_the_bucket_size():
+    from torch import nn
+    from ptd.runtime.parallel.fsdp import bucket_blocks
+    blocks = [nn.Linear(10, 10, bias=False) for _ in range(5)]  # 400 bytes of fp32 each
+    assert bucket_blocks(blocks, 1) == [[b] for b in blocks]
+    assert bucket_blocks(blocks, 800) == [blocks[0:2], blocks[2:4]]  # the fifth: the root's
+    assert bucket_blocks(blocks, 801) == [blocks[0:3]]
+    assert bucket_blocks(blocks, 2001) == []  # all of them the root's
+
+
+@pytest.mark.timeout(2 * RUN_TIMEOUT + 60)
 def test_gpt_style_tied_embeddings_parity_under_zero3(home, tmp_path):
     common = ["--model", "tiny-gpt", *COMMON[2:]]
     ref = trained(tmp_path / "ref", "--nproc", "1", "--micro-batch", "8", home=home, common=common)

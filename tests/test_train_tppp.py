@@ -47,6 +47,18 @@ LAYOUTS = [
                        "--micro-batch", "2"], 1e-4),
     ("dp2-pp2-zero1", ["--nproc", "4", "--dp", "2", "--pp", "2", "--zero", "1",
                        "--micro-batch", "2"], 1e-5),
+    # ZeRO-1/2 are FSDP2 without resharding after forward: 2-D with tp, FSDP roots per
+    # pipeline stage, ZeRO-1's shards averaged over cp by the runner
+    ("dp2-zero1-tp2", ["--nproc", "4", "--dp", "2", "--tp", "2", "--zero", "1",
+                       "--micro-batch", "2"], 1e-4),
+    ("dp2-zero2-tp2", ["--nproc", "4", "--dp", "2", "--tp", "2", "--zero", "2",
+                       "--micro-batch", "2", *EVAL], 1e-4),
+    ("dp2-pp2-zero2", ["--nproc", "4", "--dp", "2", "--pp", "2", "--zero", "2",
+                       "--micro-batch", "2"], 1e-5),
+    ("dp2-pp2-zero2-zero-bubble", ["--nproc", "4", "--dp", "2", "--pp", "2", "--zero", "2",
+                                   "--schedule", "zero-bubble", "--micro-batch", "1"], 1e-5),
+    ("cp2-dp2-zero1", ["--nproc", "4", "--cp", "2", "--dp", "2", "--zero", "1",
+                       "--micro-batch", "2"], 1e-5),
     ("pp2-tp2-sp", ["--nproc", "4", "--pp", "2", "--tp", "2", "--sp", "--micro-batch", "2"], 1e-4),
     # context parallel: zig-zag slices, K/V gathered per layer; 1e-5 for all four
     ("cp2", ["--nproc", "2", "--cp", "2", "--micro-batch", "4", *EVAL], 1e-5),

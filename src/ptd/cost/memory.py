@@ -10,9 +10,23 @@
   fp32 training both conventions are 4 + 4 + 8.
 
 Stage 1 shards optimizer states over ``dp``, stage 2 also gradients, stage 3 also
-parameters. ptd's stages 1 and 2 partition whole parameters (``ZeroRedundancyOptimizer``'s
-greedy split, so a rank's share is only about 1/dp); stage 3 (FSDP2) shards every
-parameter's dim 0. Counts are exact per rank (see :mod:`ptd.cost.params`).
+parameters. ptd runs all three with FSDP2 (:mod:`ptd.runtime.parallel.fsdp`), which shards
+every tensor's dim 0 evenly (``torch.chunk`` rows; counts exact per rank, see
+:mod:`ptd.cost.params`); the stages differ in what is held *unsharded* during a step, and
+the two conventions file that differently:
+
+* ``"zero"`` (the paper's ``P_os`` / ``P_os+g`` / ``P_os+g+p``): stage 1 holds the 16-bit
+  parameters and gradients in full and ``K`` bytes per parameter over ``dp``; stage 2 the
+  16-bit parameters in full and ``(2 + K)`` bytes over ``dp``; stage 3 all over ``dp``. The
+  gathered parameters of stages 1/2 *are* the paper's full 16-bit parameters (FSDP keeps
+  every block gathered from its forward until its backward), and the fp32 shard is part of K.
+* ``"ptd"`` (the tensors a rank keeps from one step to the next, what the runtime's
+  measurement counts): under every stage the fp32 shards of parameters, gradients and the
+  two moments, 16 bytes per parameter over ``dp``. What stages 1 and 2 hold unsharded
+  during the step is in **buffers**: the gathered parameters (compute dtype, every local
+  parameter) and, under stage 1 with gradient accumulation (or any stage under a pipeline
+  schedule, which defers FSDP's reduction to its last backward), the unsharded fp32
+  gradients, else those of one FSDP unit (``k`` blocks of at least 25 MiB, or the root's).
 
 **Activations** generalise Korthikanti et al. 2022 (arXiv 2205.05198, section 4): the bytes
 each block keeps for backward, tensor by tensor, with ``a_b`` bytes per activation element,
@@ -55,7 +69,6 @@ from . import params as P
 from .memo import memo
 
 Convention = Literal["ptd", "zero"]
-ZERO2_BUCKET_BYTES = 25 * 1024 * 1024  # ptd.runtime.parallel.zero2.BUCKET_BYTES
 AttentionKind = Literal["flash", "scores"]
 
 
@@ -113,24 +126,24 @@ class ModelStates:
 
 
 def model_state_elements(model: ModelSpec, plan: ParallelPlan, pp_rank: int,
-                         dp_rank: int) -> ModelStates:
+                         dp_rank: int, convention: Convention = "ptd") -> ModelStates:
     """Exact element counts on one rank (``tp`` ranks are alike up to replicated tensors,
-    which every tp rank holds in full)."""
+    which every tp rank holds in full). See the module docstring for the conventions."""
     full = P.local_numel(model, plan, pp_rank)
-    if plan.zero >= 3:
-        sharded = P.rank_fsdp_numel(model, plan, pp_rank, dp_rank)
+    if plan.zero == 0:
+        return ModelStates(full, full, full)
+    sharded = P.rank_fsdp_numel(model, plan, pp_rank, dp_rank)
+    if plan.zero >= 3 or convention == "ptd":
         return ModelStates(sharded, sharded, sharded)
-    if plan.zero in (1, 2):
-        owned = P.rank_zero1_numel(model, plan, pp_rank)[dp_rank]
-        return ModelStates(full, owned if plan.zero == 2 else full, owned)
-    return ModelStates(full, full, full)
+    return ModelStates(full, full if plan.zero == 1 else sharded, sharded)  # P_os, P_os+g
 
 
 @memo
 def _max_state_elements(model: ModelSpec, key: tuple) -> ModelStates:
     """Element counts of the rank with the most model-state bytes. ``key``: the layout
-    (:func:`ptd.cost.params.layout_plan`), tp, dp and ZeRO stage -- all they depend on."""
-    layout, tp, dp, zero, ep = key
+    (:func:`ptd.cost.params.layout_plan`), tp, dp, ZeRO stage, ep and convention -- all
+    they depend on."""
+    layout, tp, dp, zero, ep, convention = key
     plan = P.layout_plan(layout, tp=tp, dp=dp, zero=zero, ep=ep)
     best, best_key = ModelStates(0, 0, 0), -1.0
     seen = set()
@@ -139,15 +152,7 @@ def _max_state_elements(model: ModelSpec, key: tuple) -> ModelStates:
         if sig in seen:  # holds the same tensors as an earlier rank, which won any tie
             continue
         seen.add(sig)
-        if plan.zero in (1, 2):  # every dp rank: ZeroRedundancyOptimizer's shares differ
-            full = P.local_numel(model, plan, r)
-            for o in P.rank_zero1_numel(model, plan, r):
-                g = o if plan.zero == 2 else full
-                k = full + g + 2.0 * o
-                if k > best_key:
-                    best, best_key = ModelStates(full, g, o), k
-            continue
-        e = model_state_elements(model, plan, r, 0)  # torch.chunk gives rank 0 the most
+        e = model_state_elements(model, plan, r, 0, convention)  # torch.chunk: rank 0 the most
         k = e.params + e.grads + 2.0 * e.optimizer
         if k > best_key:
             best, best_key = e, k
@@ -160,9 +165,10 @@ def model_state_bytes(model: ModelSpec, plan: ParallelPlan, convention: Conventi
     pb, gb, ob = state_bytes_per_param(plan.dtype, convention)
     worst = pp_rank is None or dp_rank is None
     if worst:
-        e = _max_state_elements(model, (P.layout_key(plan), plan.tp, plan.dp, plan.zero, plan.ep))
+        e = _max_state_elements(model, (P.layout_key(plan), plan.tp, plan.dp, plan.zero, plan.ep,
+                                        convention))
     else:
-        e = model_state_elements(model, plan, pp_rank, dp_rank)  # type: ignore[arg-type]
+        e = model_state_elements(model, plan, pp_rank, dp_rank, convention)  # type: ignore[arg-type]
     return e.params * pb, e.grads * gb, e.optimizer * ob
 
 
@@ -323,9 +329,13 @@ def buffer_bytes(model: ModelSpec, plan: ParallelPlan, pp_rank: int = 0,
       not counted again;
     * ZeRO-3: two gathered blocks (the one computing and the one prefetched) in the
       compute dtype, plus one block's unsharded fp32 gradient before reduce-scatter;
-    * ZeRO-2 (:mod:`ptd.runtime.parallel.zero2`): two 25 MiB buckets in flight and one
-      being filled (fp32); with tp > 1 or pp > 1 the reduction starts after the backward,
-      so every local gradient exists then (fp32, beside the owned share);
+    * ZeRO-1/2 (FSDP without resharding after forward): under the ``"ptd"`` convention
+      every local parameter gathered in the compute dtype (held from each block's forward
+      to its backward; under ``"zero"`` these are the model states' parameters); then the
+      unsharded fp32 gradients of every local parameter where the reduction waits for the
+      last micro-step -- ZeRO-1 with gradient accumulation, either stage under a pipeline
+      schedule -- (counted in the ``"zero"`` convention's ZeRO-1 gradients already), else
+      the largest FSDP unit's before its reduce-scatter (:func:`zero12_largest_unit`);
     * pipeline: one activation send and one receive buffer per neighbour;
     * DDP buckets are views of the gradients (``gradient_as_bucket_view``): no extra copy.
     """
@@ -335,17 +345,33 @@ def buffer_bytes(model: ModelSpec, plan: ParallelPlan, pp_rank: int = 0,
     total = 0.0
     if plan.zero == 3:
         total += 2 * block * ab + block * 4
-    else:
-        if plan.zero == 2 and plan.dp > 1:
-            total += 3 * min(ZERO2_BUCKET_BYTES, local * 4)
-            if plan.tp > 1 or plan.pp > 1:
-                total += local * 4
-        if ab < 4 and convention != "zero":
+    elif plan.zero in (1, 2):
+        if convention != "zero":
             total += local * ab
+        if not (convention == "zero" and plan.zero == 1):  # (there: in the gradients)
+            total += 4 * (local if zero12_full_grads(plan) else zero12_largest_unit(model, plan))
+    elif ab < 4 and convention != "zero":
+        total += local * ab
     if plan.pp > 1:
         act = ab * plan.seq_len * plan.micro_batch * model.hidden / (plan.tp if plan.sp else 1)
         total += 4 * act
     return total
+
+
+def zero12_largest_unit(model: ModelSpec, plan: ParallelPlan) -> int:
+    """Parameters of the largest ZeRO-1/2 FSDP unit without a pipeline (pp = 1): ``k``
+    blocks, or the root's (the ``n_layers % k`` blocks left, embeddings, norm, output)."""
+    block = P.block_numel(model, plan.tp)
+    k, nl = P.zero12_unit_blocks(model, plan.tp), model.n_layers
+    root = P.local_numel(model, plan, 0) - (nl // k) * k * block
+    return max(k * block if nl >= k else 0, root)
+
+
+def zero12_full_grads(plan: ParallelPlan) -> bool:
+    """Whether ZeRO-1/2 hold every local gradient unsharded until the step's last backward:
+    ZeRO-1 with gradient accumulation (its reduction is deferred to the last micro-step), and
+    both under a pipeline schedule (torch's schedules defer FSDP's reduction to the end)."""
+    return plan.pp > 1 or (plan.zero == 1 and plan.n_microbatches > 1)
 
 
 def memory(model: ModelSpec, plan: ParallelPlan, capacity: float = 0.0,

@@ -12,14 +12,11 @@ memory predicted from here is the memory measured, byte for byte:
   stages, balancing forward+backward FLOPs with the output layer counted; the first stage
   holds the embeddings, the last the final norm and output layer (a tied output layer is a
   second copy on the last stage when they differ, as Megatron does);
-* ZeRO-3 / FSDP2 shards each tensor's dim 0 into ``dp`` chunks (``torch.chunk`` sizes), and
-  ZeRO-1 (``ZeroRedundancyOptimizer``) hands whole tensors to ranks greedily, largest first,
-  per parameter group (weight-decay group first).
+* ZeRO-1/2/3 (FSDP2) shard each tensor's dim 0 into ``dp`` chunks (``torch.chunk`` sizes).
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -263,6 +260,16 @@ def max_local_numel(model: ModelSpec, plan: ParallelPlan) -> int:
     return max(_local_numels(model, layout_key(plan), plan.tp))
 
 
+ZERO12_UNIT_BYTES = 25 * 1024 * 1024  # ptd.runtime.parallel.fsdp.UNIT_BYTES
+
+
+def zero12_unit_blocks(model: ModelSpec, tp: int) -> int:
+    """Blocks per FSDP unit under ZeRO-1/2 (``runtime/parallel/fsdp.py``, ``bucket_blocks``):
+    consecutive blocks until the unit holds 25 MiB of fp32 parameters; a rank's last
+    ``nl % k`` blocks join the root's unit (embeddings, final norm, output layer)."""
+    return max(1, -(-ZERO12_UNIT_BYTES // (4 * block_numel(model, tp))))
+
+
 @lru_cache(maxsize=8192)
 def _fsdp_numel_of(params: tuple[Param, ...], tp: int, dp: int, dp_rank: int) -> int:
     return fsdp_numel([p.local_shape(tp) for p in params], dp, dp_rank)
@@ -291,26 +298,6 @@ def rank_signature(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> tuple[
     return layout_layers(model, key)[pp_rank], pp_rank == first_rank, pp_rank == last_rank
 
 
-def rank_zero1_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> tuple[int, ...]:
-    """:func:`zero1_numel` of :func:`rank_params` on ``pp_rank``, memoised by what the rank
-    holds."""
-    nl, first, last = rank_signature(model, plan, pp_rank)
-    separate = last and (not model.tied_embeddings or not first)
-    return _rank_zero1(model, nl, first, last, separate, plan.tp, plan.dp)
-
-
-@memo(maxsize=1024)  # entries hold one number per dp rank
-def _rank_zero1(model: ModelSpec, nl: int, first: bool, last: bool, separate: bool, tp: int,
-                dp: int) -> tuple[int, ...]:
-    params: list[Param] = []
-    if first:
-        params += first_stage_params(model)
-    params += list(layer_params(model)) * nl
-    if last:
-        params += last_stage_params(model, separate)
-    return tuple(zero1_numel(params, tp, dp))
-
-
 def fsdp_numel(shapes: list[tuple[int, ...]], dp: int, dp_rank: int) -> int:
     """Elements ``dp_rank`` holds when each tensor's dim 0 is split like ``torch.chunk``."""
     total = 0
@@ -319,19 +306,3 @@ def fsdp_numel(shapes: list[tuple[int, ...]], dp: int, dp_rank: int) -> int:
         rows = max(0, min(chunk, s[0] - chunk * dp_rank))
         total += rows * _numel(s[1:])
     return total
-
-
-def zero1_numel(params: list[Param], tp: int, dp: int) -> list[int]:
-    """Elements of optimizer state per dp rank under ``ZeroRedundancyOptimizer``: greedy,
-    largest tensor first, to the least-loaded rank, group by group (decay, then no-decay)."""
-    heap = [(0, r) for r in range(dp)]  # (size, rank): ties go to the lowest rank, as in torch
-    for group in (True, False):
-        numels = sorted((_numel(p.local_shape(tp)) for p in params if p.decay == group),
-                        reverse=True)
-        for n in numels:
-            size, r = heapq.heappop(heap)
-            heapq.heappush(heap, (size + n, r))
-    sizes = [0] * dp
-    for size, r in heap:
-        sizes[r] = size
-    return sizes

@@ -308,11 +308,11 @@ def optimizer_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, m
     local = P.max_local_numel(model, plan)
     opt_params = local / plan.dp if plan.zero >= 1 else local  # ZeRO shards over dp (not cp)
     n_tensors = len(P.layer_params(model)) * mbt.nl + 4
-    dtensor_params = plan.tp > 1 or plan.zero >= 3
+    dtensor_params = plan.tp > 1 or plan.zero >= 1  # FSDP's shards are DTensors
     per_tensor = cluster.overhead("optimizer_tensor_dtensor" if dtensor_params else "optimizer_tensor")
     optimizer = C.optimizer_time(opt_params, n_tensors, hw, plan.offload, cluster.memory_bandwidth,
                                  cluster.op_overhead, per_tensor)
-    if not (plan.tp > 1 and plan.sp and plan.zero < 3):
+    if not (plan.tp > 1 and plan.sp and plan.zero == 0):  # (FSDP reduces them itself)
         return optimizer, 0.0
     tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")
     n_norms = (2 * mbt.nl + 1) if model.norm == "rmsnorm" else (4 * mbt.nl + 2)

@@ -2,7 +2,7 @@
 
 Clipping must see the norm of the *whole* gradient, however it is spread over ranks:
 
-* plain tensors (DDP/ZeRO-1) are already all-reduced, identical on every replica: their
+* plain tensors (DDP) are already all-reduced, identical on every replica: their
   squared norm is summed locally;
 * ``DTensor`` gradients (FSDP shards, later tensor-parallel shards) contribute the squared
   norm of their local shard, summed over the mesh axes along which they are sharded (not
@@ -47,17 +47,13 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     return [g for g in groups if g["params"]]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, *, zero: int,
-                    dp_group: dist.ProcessGroup | None = None) -> torch.optim.Optimizer:
-    """AdamW with fp32 states; ZeRO-1 and ZeRO-2 shard them over ``dp_group``. (Under FSDP
-    the parameters are already shards, so plain AdamW keeps sharded states: ZeRO-3.)"""
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW with fp32 states. Under ZeRO-1/2/3 (FSDP) the parameters are already shards,
+    so plain AdamW keeps 1/dp of the states."""
     groups = param_groups(model, cfg.weight_decay)
     kw = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
     if _fused_ok([p for g in groups for p in g["params"]]):
         kw["fused"] = True
-    if zero in (1, 2):  # ZeRO-2 is ZeRO-1's optimizer plus parallel.zero2.ReduceToOwner
-        from .parallel.ddp import zero1_optimizer
-        return zero1_optimizer(groups, dp_group, **kw)
     return torch.optim.AdamW(groups, **kw)
 
 

@@ -20,8 +20,9 @@ reporting ranks is that mean.
 :func:`make_runner` is the one place that picks the runner for a plan. With tensor
 parallelism the output layer returns vocabulary-sharded logits and both runners compute
 the loss and run the backward under ``loss_parallel()`` (the full logits are never
-gathered); with tp > 1 or pp > 1 and zero 0/1 they also average gradients over the
-data-parallel group themselves (:class:`~ptd.runtime.parallel.ddp.GradAllReduce`).
+gathered); with tp > 1 or pp > 1 and zero 0 they also average gradients over the
+data-parallel group themselves (:class:`~ptd.runtime.parallel.ddp.GradAllReduce`; under
+ZeRO-1/2/3 FSDP does).
 """
 
 from __future__ import annotations
@@ -195,15 +196,14 @@ def _chain(hooks: list[Callable[[], None]]) -> GradSync:
 
 
 def make_runner(model: nn.Module, stage_modules: Sequence[nn.Module], stage_ids: Sequence[int],
-                dims: Any, precision: Precision,
-                optimizer: torch.optim.Optimizer | None = None) -> StepRunner:
+                dims: Any, precision: Precision) -> StepRunner:
     """The runner for ``dims.plan``: a pipeline schedule when pp > 1, else accumulation.
     ``stage_modules``/``stage_ids``: this rank's pipeline stages (see ``parallel.pp``)."""
     from .parallel.ddp import dp_grad_sync
     from .parallel.tp import AlignTPGrads
     plan = dims.plan
     hooks: list[Callable[[], None]] = []
-    if plan.tp > 1 and plan.zero < 3:  # (FSDP reduces tp-partial gradients itself)
+    if plan.tp > 1 and plan.zero == 0:  # (FSDP reduces tp-partial gradients itself)
         hooks.append(AlignTPGrads(list(model.parameters())))
     if plan.ep > 1:  # expert gradients over the replicas of the same experts, not all of dp
         from .parallel.ep import EPGradSync
@@ -211,10 +211,13 @@ def make_runner(model: nn.Module, stage_modules: Sequence[nn.Module], stage_ids:
     elif plan.cp > 1:  # cp joins dp for gradient averaging (zero 0/1 only: limits.cp_problem)
         from .parallel.cp import SplitSequences, dp_cp_group
         from .parallel.ddp import GradAllReduce
-        dp_sync = GradAllReduce([p for p in model.parameters() if p.requires_grad],
-                                dp_cp_group(plan), plan.dp * plan.cp)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if plan.zero == 0:
+            dp_sync = GradAllReduce(params, dp_cp_group(plan), plan.dp * plan.cp)
+        else:  # FSDP averaged the shards over dp; the cp slices of a replica average them
+            dp_sync = GradAllReduce(params, dims.group("cp"), plan.cp)
     else:
-        dp_sync = dp_grad_sync(model, plan, dims.group("dp"), optimizer)
+        dp_sync = dp_grad_sync(model, plan, dims.group("dp"))
     if dp_sync is not None:
         hooks.append(dp_sync)
     sync = _chain(hooks)

@@ -81,16 +81,15 @@ def build_trainer(cfg: TrainConfig, dims: ParallelDims) -> Trainer:
     model = parallelize(model, plan, dims, seed=cfg.seed, compile=cfg.compile, roots=stage_modules)
     # MoE: auxiliary-loss scale (the runners' loss is per replica token); stats once per tp group
     moe.prepare(model, plan.global_batch // plan.dp * plan.seq_len, record=dims.coords["tp"] == 0)
-    optimizer = build_optimizer(model, cfg.optim, zero=plan.zero, dp_group=dims.group("dp"))
-    precision = Precision(plan.dtype, dims.device, fsdp=plan.zero >= 3, group=dims.group("dp"),
-                          sharded_grads=plan.zero >= 2)
+    optimizer = build_optimizer(model, cfg.optim)
+    precision = Precision(plan.dtype, dims.device, fsdp=plan.zero >= 1, group=dims.group("dp"))
     train, val = open_stream(Sources.resolve(cfg.data)).split(cfg.data.val_fraction)
     common = dict(seq_len=plan.seq_len, global_batch=plan.global_batch, micro_batch=plan.micro_batch,
                   dp_rank=dims.dp_rank, dp_size=dims.dp_size, device=dims.device)
     loader = DataLoader(train, seed=cfg.seed, **common)
     val_batches = eval_batches(val, **common) if cfg.eval_every else []
     log = RunLog(cfg.out, cfg.steps, enabled=dims.is_main, tensorboard=cfg.tensorboard)
-    runner = make_runner(model, stage_modules, stage_ids, dims, precision, optimizer)
+    runner = make_runner(model, stage_modules, stage_ids, dims, precision)
     return Trainer(cfg, dims, model, runner, optimizer, precision, loader, log, val_batches,
                    FaultInjector(dims.rank))
 

@@ -83,7 +83,7 @@ def cost_view(parts: dict[str, float], by_phase: dict[str, dict[str, float]], pl
                 if kind in ("send", "recv"):
                     dest = "pp_comm"
                 elif kind in ("all_gather", "reduce_scatter"):
-                    dest = "dp_comm_exposed" if plan.zero >= 3 else "tp_comm"
+                    dest = "dp_comm_exposed" if plan.zero >= 1 else "tp_comm"  # FSDP's
                 elif kind in ("all_reduce", "wait"):
                     dest = "tp_comm" if plan.tp > 1 else "dp_comm_exposed"
                 else:

@@ -2,8 +2,8 @@
 
 One state dict, keyed by the *whole model's* fully-qualified parameter names:
 
-* ``model.<fqn>``: parameters, from :func:`get_state_dict` -- plain tensors under DDP and
-  ZeRO-1, ``DTensor`` shards under FSDP (and, once they exist, tensor-parallel shards);
+* ``model.<fqn>``: parameters, from :func:`get_state_dict` -- plain tensors under DDP,
+  ``DTensor`` shards under FSDP (ZeRO-1/2/3) and tensor parallelism;
   a pipeline stage holds a subset of the names;
 * ``optim.state.<fqn>.{step,exp_avg,exp_avg_sq}`` and ``optim.param_groups.<fqn>.<hp>``:
   the optimizer, *flattened* per parameter (``flatten_optimizer_state_dict``), so that a
@@ -14,13 +14,9 @@ One state dict, keyed by the *whole model's* fully-qualified parameter names:
 back whatever slices the loading ranks ask for, so a checkpoint written under one layout
 loads under any other.
 
-ZeRO-1 (``ZeroRedundancyOptimizer``) has no reshardable state dict of its own (its
-``state_dict()`` first consolidates everything on one rank). Its *local* optimizer is a
-plain AdamW over this rank's partition, addressed through the same model: saving it gives
-``optim.state.<fqn>`` for exactly the parameters this rank owns, and the union over ranks
-is the whole optimizer -- no gather. Loading asks, on each rank, for the states of the
-parameters of its new partition. The ZeRO wrapper copies hyperparameters from its own
-groups into the local optimizer at every step, so they come from the run's config.
+Every ZeRO stage is FSDP2's (:mod:`ptd.runtime.parallel.fsdp`): a rank's AdamW states are
+``DTensor`` shards of its parameters' shards, so ZeRO-1/2 checkpoints reshard to and from
+any layout as ZeRO-3's do.
 """
 
 from __future__ import annotations
@@ -39,12 +35,6 @@ OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 def as_list(x: Any) -> list[Any]:
     return list(x) if isinstance(x, (list, tuple)) else [x]
-
-
-def local_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The optimizer whose state this rank holds: ZeRO-1's local AdamW, else ``opt``."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-    return opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
 
 
 class TrainState:
@@ -66,7 +56,7 @@ class TrainState:
     def state_dicts(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """``(model_sd, optim_sd)`` per part. On a fresh optimizer the states are created by
         a step with zero gradients and learning rate 0 (parameters unchanged)."""
-        return [get_state_dict(part, local_optimizer(opt), options=OPTIONS)
+        return [get_state_dict(part, opt, options=OPTIONS)
                 for part, opt in self._pairs()]
 
     def state_dict(self) -> dict[str, Any]:
@@ -81,13 +71,12 @@ class TrainState:
         :meth:`state_dicts` returned before the load (its keys say which part owns what).
         Optimizer hyperparameters stay those of the run's config."""
         for (part, opt), (msd, osd) in zip(self._pairs(), parts):
-            local = local_optimizer(opt)
-            keep = [{k: v for k, v in g.items() if k != "params"} for g in local.param_groups]
-            set_state_dict(part, local,
+            keep = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+            set_state_dict(part, opt,
                            model_state_dict={k: loaded["model"][k] for k in msd},
                            optim_state_dict={k: loaded["optim"][k] for k in osd},
                            options=OPTIONS)
-            for group, hp in zip(local.param_groups, keep):
+            for group, hp in zip(opt.param_groups, keep):
                 group.update(hp)
 
 

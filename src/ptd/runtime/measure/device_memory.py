@@ -2,8 +2,8 @@
 
 **Model states** (:func:`model_state_bytes`): bytes of the tensors this rank really holds --
 each parameter's local tensor (``DTensor.to_local()`` for FSDP and tensor-parallel shards),
-each gradient's local tensor, and the optimizer's state tensors (the local optimizer of a
-``ZeroRedundancyOptimizer``, which holds only this rank's partition). AdamW keeps
+each gradient's local tensor, and the optimizer's state tensors (under ZeRO-1/2/3 those of
+this rank's shards). AdamW keeps
 ``exp_avg`` and ``exp_avg_sq`` per parameter **and a scalar ``step`` tensor per parameter**;
 the step counters are bookkeeping, not model state (4 bytes per tensor, 0.03% of the tiny
 model's states), so they are reported apart (``optimizer_step_counters``) and neither the
@@ -52,11 +52,6 @@ def _unique_params(modules: Iterable[torch.nn.Module]) -> list[torch.nn.Paramete
     return out
 
 
-def _inner_optimizers(opt: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
-    inner = getattr(opt, "optim", None)  # ZeroRedundancyOptimizer's local AdamW
-    return [inner] if isinstance(inner, torch.optim.Optimizer) else [opt]
-
-
 def model_state_bytes(modules: Iterable[torch.nn.Module], optimizer: torch.optim.Optimizer
                       ) -> dict[str, int]:
     """Bytes of parameters, gradients and optimizer states held by this rank (see the
@@ -66,13 +61,12 @@ def model_state_bytes(modules: Iterable[torch.nn.Module], optimizer: torch.optim
     out = {"params": sum(_nbytes(p) for p in params),
            "grads": sum(_nbytes(p.grad) for p in params if p.grad is not None),
            "optimizer": 0, "optimizer_step_counters": 0}
-    for opt in _inner_optimizers(optimizer):
-        for state in opt.state.values():
-            for name, v in state.items():
-                if not isinstance(v, torch.Tensor):
-                    continue
-                key = "optimizer_step_counters" if name == "step" else "optimizer"
-                out[key] += _nbytes(v)
+    for state in optimizer.state.values():
+        for name, v in state.items():
+            if not isinstance(v, torch.Tensor):
+                continue
+            key = "optimizer_step_counters" if name == "step" else "optimizer"
+            out[key] += _nbytes(v)
     out["total"] = out["params"] + out["grads"] + out["optimizer"]
     return out
 

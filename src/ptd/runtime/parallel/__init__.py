@@ -4,11 +4,9 @@ Each ``apply_*`` takes the model, its mesh (or group) and the plan, torchtitan s
 
 * :mod:`.tp`: tensor/sequence parallelism on the ``tp`` sub-mesh;
 * :mod:`.recompute`: activation checkpointing and ``torch.compile`` per block;
-* :mod:`.fsdp`: ZeRO-3 on the ``dp`` sub-mesh;
-* :mod:`.ddp`: DDP and ZeRO-1 on the ``dp`` group, gradient compression hooks, and the
+* :mod:`.fsdp`: ZeRO-1, -2 and -3 (FSDP2) on the ``dp`` sub-mesh;
+* :mod:`.ddp`: DDP (ZeRO-0) on the ``dp`` group, gradient compression hooks, and the
   explicit gradient average of model-parallel layouts (DDP cannot wrap DTensors);
-* :mod:`.zero2`: ZeRO-2's gradient reduction to the owning rank (no wrapper: the runner
-  calls it after the backward, the optimizer is ZeRO-1's);
 * :mod:`.pp`: prunes the model to this rank's pipeline stages *before* :func:`parallelize`
   runs on it, and builds the schedule.
 
@@ -16,8 +14,8 @@ Order matters: tensor parallelism first (it turns parameters into DTensors that 
 shards along another mesh axis), then checkpointing and compile (they act on the blocks'
 forward), then FSDP (which must see the final blocks), then materialisation -- FSDP can
 shard a meta model, DDP cannot -- and DDP last (only for pure data parallelism with zero
-0/1: with tp > 1 or pp > 1, and under ZeRO-2, the runner reduces gradients over dp itself,
-see ``GradAllReduce`` and ``ReduceToOwner``).
+0: with tp > 1, pp > 1, ep > 1 or cp > 1 the runner reduces gradients over dp itself, see
+``GradAllReduce``).
 """
 
 from __future__ import annotations
@@ -58,13 +56,13 @@ def parallelize(model: nn.Module, plan: ParallelPlan, dims: ParallelDims, *, see
         apply_recompute(model, plan.recompute)
     if compile:
         apply_compile(model)
-    if plan.zero >= 3:
+    if plan.zero >= 1:
         apply_fsdp(model, dims.submesh("dp"), plan, dims.device, roots=roots)
         init_device = torch.device("cpu") if plan.offload else dims.device
         return materialize(model, init_device, seed, roots=roots)
     materialize(model, dims.device, seed)
-    if plan.tp > 1 or plan.pp > 1 or plan.zero == 2 or plan.ep > 1 or plan.cp > 1:
-        return model  # gradients reduced over dp (dp x cp) by the runner (GradAllReduce, ReduceToOwner)
+    if plan.tp > 1 or plan.pp > 1 or plan.ep > 1 or plan.cp > 1:
+        return model  # gradients reduced over dp (dp x cp) by the runner (GradAllReduce)
     return apply_ddp(model, dims.group("dp"), plan, dims.device)
 
 
@@ -77,24 +75,26 @@ def unwrap(model: nn.Module) -> nn.Module:
 @contextlib.contextmanager
 def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
     """Forward+backward inside this context reduce gradients across replicas only if
-    ``enabled``; otherwise they accumulate locally (micro-steps before the last)."""
+    ``enabled`` (the last micro-step of an optimizer step); otherwise they accumulate locally.
+    Under FSDP the stage decides (:mod:`.fsdp`): ZeRO-2 reduce-scatters at every micro-step
+    all the same (its gradients stay sharded), ZeRO-1 and -3 defer it; ZeRO-1 and -2 also
+    keep the gathered parameters for the next micro-step instead of gathering them again."""
     if enabled:
         yield
     elif isinstance(model, DDP):
         with model.no_sync():
             yield
     elif isinstance(model, FSDPModule):
-        model.set_requires_gradient_sync(False)
+        zero = getattr(model, "ptd_zero", 3)
+        if zero != 2:
+            model.set_requires_gradient_sync(False)
+        if zero < 3:
+            model.set_reshard_after_backward(False)
         try:
             yield
         finally:
             model.set_requires_gradient_sync(True)
-    elif (reducer := getattr(model, "ptd_grad_reducer", None)) is not None:  # ZeRO-2
-        reducer.enabled = False
-        try:
-            yield
-        finally:
-            reducer.enabled = True
+            model.set_reshard_after_backward(True)
     else:
         yield
 

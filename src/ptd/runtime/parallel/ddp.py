@@ -1,4 +1,4 @@
-"""Plain data parallelism (DDP) and ZeRO-1, with optional gradient compression.
+"""Plain data parallelism (DDP, ZeRO-0), with optional gradient compression.
 
 DDP keeps a full replica per rank and all-reduces gradients in buckets (25 MB) while the
 backward pass is still running, so communication overlaps computation. It averages over
@@ -6,8 +6,7 @@ the data-parallel group, which with the loss normalised per replica gives the me
 the global batch. Buffers are not broadcast each step (RoPE tables are identical
 everywhere by construction).
 
-ZeRO-1 is DDP plus ``ZeroRedundancyOptimizer``: each rank keeps the AdamW states of 1/dp of
-the parameters, steps only those, and broadcasts the updated parameters.
+ZeRO-1, -2 and -3 are FSDP2's (:mod:`.fsdp`).
 
 Gradient compression (``grad_compression``; DDP only, a plan check):
 
@@ -61,40 +60,9 @@ def apply_ddp(model: nn.Module, group: ProcessGroup, plan: ParallelPlan, device:
     return ddp
 
 
-def zero1_optimizer(param_groups: list[dict[str, Any]], group: ProcessGroup, **adamw: Any
-                    ) -> torch.optim.Optimizer:
-    """AdamW whose states are sharded over ``group`` (ZeRO stage 1)."""
-    return _zero1_class()(param_groups, optimizer_class=torch.optim.AdamW, process_group=group,
-                          **adamw)
-
-
-def _zero1_class() -> type:
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    class Zero1(ZeroRedundancyOptimizer):
-        """``ZeroRedundancyOptimizer`` that also takes tensor-parallel (DTensor) parameters.
-
-        Stock, it fails after the step: ``c10d.broadcast_`` has no DTensor sharding rule.
-        Each tp rank's dp group holds the same parameters (partitioned the same way by
-        their global sizes), so the owner broadcasting its *local* shard to the other
-        replicas is the whole update. AdamW itself runs on the DTensors (elementwise, no
-        communication)."""
-
-        def _broadcast_params_from_rank(self, rank: int) -> list:
-            if self.parameters_as_bucket_view:
-                return super()._broadcast_params_from_rank(rank)
-            import torch.distributed as dist
-            from torch.distributed.tensor import DTensor
-            src = dist.get_global_rank(self.process_group, rank)
-            return [dist.broadcast(p.data._local_tensor if isinstance(p.data, DTensor) else p.data,
-                                   src=src, group=self.process_group, async_op=True)
-                    for group in self._partition_parameters()[rank] for p in group["params"]]
-
-    return Zero1
-
-
 class GradAllReduce:
-    """Data parallelism without DDP, for tensor- and pipeline-parallel models with zero 0/1.
+    """Data parallelism without DDP, for tensor-, pipeline-, expert- and context-parallel
+    models with zero 0 (and the cp part of the average under ZeRO-1, whose FSDP reduces over dp).
 
     DDP cannot wrap DTensor (tensor-parallel) parameters, and a pipeline stage's backward is
     driven by the schedule, not by one ``loss.backward()``. So the runner calls this once
@@ -128,16 +96,11 @@ class GradAllReduce:
                 g.copy_(reduced)
 
 
-def dp_grad_sync(model: nn.Module, plan: ParallelPlan, group: ProcessGroup,
-                 optimizer: torch.optim.Optimizer | None = None) -> Any:
+def dp_grad_sync(model: nn.Module, plan: ParallelPlan, group: ProcessGroup) -> Any:
     """The explicit gradient reduction the runner must do, or None when DDP/FSDP do it (or
-    there is one replica). ZeRO-2 needs the optimizer: its partition says who owns what."""
-    if plan.dp == 1 or plan.zero >= 3:
+    there is one replica)."""
+    if plan.dp == 1 or plan.zero >= 1:
         return None
-    if plan.zero == 2:
-        from .zero2 import ReduceToOwner
-        assert optimizer is not None, "ZeRO-2's gradient reduction needs the optimizer"
-        return ReduceToOwner(optimizer, group, model, overlap=plan.tp == 1 and plan.pp == 1)
     if plan.tp == 1 and plan.pp == 1:
         return None
     return GradAllReduce([p for p in model.parameters() if p.requires_grad], group, plan.dp)

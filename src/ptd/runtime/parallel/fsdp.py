@@ -1,21 +1,41 @@
-"""ZeRO-3 with FSDP2 (``fully_shard``). (ZeRO-2 is :mod:`.zero2`.)
+"""ZeRO-1, ZeRO-2 and ZeRO-3, all with FSDP2 (``fully_shard``) on the data-parallel mesh.
 
-Each transformer block is one FSDP unit (its parameters all-gathered together just
-before use), then the root takes what is left (embeddings, final norm, output layer).
-Parameters become ``DTensor`` shards (``Shard(0)``) on the data-parallel mesh; gradients
-are reduce-scattered, so every rank keeps 1/dp of parameters, gradients and AdamW states.
+Under ZeRO-3 each transformer block is one FSDP unit (its parameters all-gathered together
+just before use), then the root takes what is left (embeddings, final norm, output layer).
+Under ZeRO-1/2 consecutive blocks are grouped into units of at least 25 MiB of fp32
+parameters (:func:`bucket_blocks`, DDP's bucket size; a block of a billion-parameter model
+is a unit on its own) and the root takes the remainder: fewer, larger collectives, where
+every one is a point at which all ranks wait for each other -- on this 2-core CPU with 4
+gloo workers, per-block units cost ~0.4 s per step of ``small`` (measured, docs/benchmarks.md).
+Parameters become ``DTensor`` shards (``Shard(0)`` of every tensor: even, flat sharding to
+one row, like DeepSpeed's and Megatron's distributed optimizer); gradients are
+reduce-scattered, and plain AdamW over the sharded parameters keeps 1/dp of the optimizer
+states on every rank. The stages differ in what is held unsharded, and when:
 
-``reshard_after_forward=True``: blocks are freed after the forward and gathered again for
-the backward (one extra all-gather, least memory).
+* ZeRO-3 (``reshard_after_forward=True``): blocks are freed after the forward and gathered
+  again for the backward (one extra all-gather per block, least memory).
+* ZeRO-2 (``reshard_after_forward=False``): every block's parameters stay gathered from its
+  forward until its backward -- the whole model's parameters at the peak, as the ZeRO
+  paper's ``P_os+g`` holds them -- and gradients are reduce-scattered at every micro-step,
+  so a rank keeps only its shard of them.
+* ZeRO-1 (``reshard_after_forward=False`` too): gradient synchronisation is deferred to the
+  last micro-step (:func:`ptd.runtime.parallel.gradient_sync`), so the unsharded gradients
+  accumulate locally over the micro-steps before it, as ZeRO-1 keeps full gradients
+  (``P_os``). With one micro-batch per step ZeRO-1 and ZeRO-2 run the same.
 
-Gradient accumulation turns gradient synchronisation off for all but the last micro-step
-(``set_requires_gradient_sync(False)``, see :mod:`ptd.runtime.runner`): fewer
-reduce-scatters, at the price of holding unsharded gradients during accumulation.
+Under 1 and 2 the parameters also stay gathered between the micro-steps of one optimizer
+step (``set_reshard_after_backward(False)`` before the last): one all-gather per block
+per step, as ZeRO-1/2 gather the updated parameters once per step. Under ZeRO-3,
+gradient accumulation turns gradient synchronisation off for all but the last micro-step
+as ZeRO-1 does (fewer reduce-scatters, unsharded gradients held meanwhile). A pipeline
+schedule defers FSDP's gradient sync to its last backward whatever the stage (torch's
+``backward_maybe_with_nosync``), so under pp > 1 ZeRO-2 holds the full gradients of its
+stages until then, as ZeRO-1 does.
 
 bf16/fp16 use ``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=fp32)``: compute and
 all-gather in low precision, gradients reduced and stored in fp32. ``offload`` keeps the
 sharded parameters, gradients and optimizer states in host memory (``CPUOffloadPolicy``):
-the optimizer step runs on the CPU.
+the optimizer step runs on the CPU (ZeRO-3 only, a plan check).
 
 On gloo, ``set_gradient_divide_factor`` must not be used (PREMUL_SUM is NCCL-only); the
 default averaging over dp is what the loss normalisation expects anyway. Also on gloo, the
@@ -28,6 +48,7 @@ NCCL keeps FSDP's own reduce-scatter.
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import torch
@@ -36,6 +57,7 @@ from torch.distributed.device_mesh import DeviceMesh
 import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+from torch.distributed.tensor import DTensor
 
 from ...specs import ParallelPlan
 from ..precision import DTYPES
@@ -43,7 +65,8 @@ from ..precision import DTYPES
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, plan: ParallelPlan, device: torch.device,
                roots: Sequence[nn.Module] = ()) -> nn.Module:
-    """Shard ``model`` (on meta or real parameters) in place over ``dp_mesh``.
+    """Shard ``model`` (on meta or real parameters) in place over ``dp_mesh`` for ZeRO stage
+    ``plan.zero`` (1, 2 or 3; see the module docstring).
 
     ``roots``: a pipeline rank's stage modules when it runs several (views sharing
     ``model``'s modules): each becomes an FSDP root -- the module the schedule calls --
@@ -54,14 +77,46 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, plan: ParallelPlan, device
         mp = MixedPrecisionPolicy(param_dtype=DTYPES[plan.dtype], reduce_dtype=torch.float32)
     offload: OffloadPolicy = (CPUOffloadPolicy(pin_memory=device.type == "cuda") if plan.offload
                               else OffloadPolicy())
-    units = [*model.layers.values(), *(roots or [model])]
+    units: list[nn.Module | list[nn.Module]] = []
+    for root in roots or [model]:
+        blocks = list(root.layers.values())  # (a pipeline chunk: its own blocks)
+        units += [[b] for b in blocks] if plan.zero >= 3 else bucket_blocks(blocks)
+    units += list(roots or [model])  # each takes what is left: embeddings, norm, output
     for unit in units:
-        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=True, mp_policy=mp,
+        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=plan.zero >= 3, mp_policy=mp,
                     offload_policy=offload)
     if dist.get_backend(dp_mesh.get_group()) == "gloo":
         for unit in units:
-            unit.set_custom_reduce_scatter(AllReduceScatter())  # type: ignore[operator]
+            state = unit[0] if isinstance(unit, list) else unit  # a group's first module holds its state
+            state.set_custom_reduce_scatter(AllReduceScatter())  # type: ignore[operator]
+    for root in roots or [model]:
+        root.ptd_zero = plan.zero  # read by gradient_sync (what a micro-step before the last keeps)
     return model
+
+
+UNIT_BYTES = 25 * 1024 * 1024  # DDP's bucket size; ptd.cost.params.ZERO12_UNIT_BYTES
+
+
+def bucket_blocks(blocks: list[nn.Module], unit_bytes: int | None = None) -> list[list[nn.Module]]:
+    """ZeRO-1/2's FSDP units: consecutive blocks grouped until a group holds ``unit_bytes``
+    (:data:`UNIT_BYTES`; the environment's ``PTD_FSDP_UNIT_BYTES`` if set, which the tests
+    use to run small models one block per unit) of fp32 parameters; the last group, if
+    smaller, is left to the root. One gather and one reduce-scatter per unit and step: a
+    model of a few megabytes is one unit, a billion-parameter one a unit per block (see the
+    module docstring)."""
+    if unit_bytes is None:
+        unit_bytes = int(os.environ.get("PTD_FSDP_UNIT_BYTES", UNIT_BYTES))
+    groups: list[list[nn.Module]] = []
+    current: list[nn.Module] = []
+    size = 0
+    for b in blocks:
+        current.append(b)
+        size += 4 * sum((p.to_local() if isinstance(p, DTensor) else p).numel()
+                        for p in b.parameters())
+        if size >= unit_bytes:
+            groups.append(current)
+            current, size = [], 0
+    return groups  # (``current``: fewer bytes than a unit, the root's)
 
 
 class AllReduceScatter(ReduceScatter):

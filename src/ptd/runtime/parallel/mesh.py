@@ -91,12 +91,9 @@ class ParallelDims:
         """Groups over which ranks hold *different* plain (non-DTensor) parameters, whose
         squared gradient norms must be summed for the global norm. DTensor shards (FSDP,
         tensor parallel) carry their own mesh and are summed by the clipping code itself;
-        pipeline stages hold disjoint layers, so the pp group is summed here; under ZeRO-2
-        each dp rank holds the gradients of the parameters it owns, so the dp group too."""
-        groups = [self.group("pp")] if self.plan.pp > 1 else []
-        if self.plan.zero == 2 and self.plan.dp > 1:
-            groups.append(self.group("dp"))
-        return groups
+        pipeline stages hold disjoint layers, so the pp group is summed here (ZeRO's shards
+        are DTensors)."""
+        return [self.group("pp")] if self.plan.pp > 1 else []
 
 
 def _backend_and_device(local_rank: int) -> tuple[str, torch.device]:

@@ -38,8 +38,7 @@ class CollectiveTimeout(RuntimeError):
 
 def describe_phase(phase: str, plan: ParallelPlan) -> str:
     """What collective a phase waits in, for the plan at hand."""
-    grads = {0: "DDP gradient all-reduce", 1: "DDP gradient all-reduce",
-             2: "ZeRO-2 gradient reduce-scatter", 3: "FSDP all-gather / reduce-scatter"}[plan.zero]
+    grads = "DDP gradient all-reduce" if plan.zero == 0 else "FSDP all-gather / reduce-scatter"
     if plan.tp > 1:
         grads += " and tensor-parallel collectives"
     if plan.pp > 1:
@@ -51,8 +50,7 @@ def describe_phase(phase: str, plan: ParallelPlan) -> str:
         "forward_backward": f"{grads} (forward_backward)",
         "global_loss": "all-reduce of the step's loss (global_loss)",
         "clip_gradients": "all-reduce of the gradient norm (clip_gradients)",
-        "optimizer_step": (f"ZeRO-{plan.zero} parameter broadcast (optimizer_step)" if plan.zero in (1, 2)
-                           else "optimizer step"),
+        "optimizer_step": "optimizer step",
         "evaluate": "all-reduce of the validation loss (evaluate)",
         "checkpoint_save": "checkpoint save (plan exchange, barrier)",
         "checkpoint_load": "checkpoint validation and load",

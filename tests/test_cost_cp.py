@@ -94,7 +94,8 @@ def test_estimate_405b_128k_prices_cp_and_fits_only_with_sp(ptd_cli):
     without = estimate(M405, BIG, plan405(zero=0).replace(sp=False))
     assert not without.memory.fits
     # ptd's runtime combines cp with sp, so the command (sp left to it) chooses sp and prints
-    # a plan that fits, with the cp exchange in its breakdown; --no-sp does not fit
+    # a plan that fits, with the cp exchange in its breakdown; without sp and without ZeRO it
+    # does not fit, and left to choose ZeRO it needs ZeRO-1's even shards of the optimizer
     rc, out, err = ptd_cli("estimate", *CMD_405B)
     assert rc == 0, err
     assert "dp4 tp8 pp16 cp16" in out and "sp=True" in out
@@ -104,9 +105,12 @@ def test_estimate_405b_128k_prices_cp_and_fits_only_with_sp(ptd_cli):
     assert d["plan"]["cp"] == 16 and d["plan"]["dp"] == 4 and d["plan"]["sp"]
     assert d["step_time_s"]["cp_comm_total"] > 0 and "cp_comm" in d["step_time_s"]
     assert d["fits"]
-    rc, out, err = ptd_cli("estimate", *CMD_405B, "--no-sp")
+    rc, out, err = ptd_cli("estimate", *CMD_405B, "--no-sp", "--zero", "0")
     assert rc == 0, err
     assert "DOES NOT FIT" in out
+    rc, out, err = ptd_cli("estimate", *CMD_405B, "--no-sp", "--json")
+    d = json.loads(out)
+    assert not d["plan"]["sp"] and d["plan"]["zero"] >= 1
 
 
 def test_plan_searches_cp_and_rejects_with_reason(ptd_cli):

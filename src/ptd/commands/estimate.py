@@ -128,9 +128,9 @@ def run(a: argparse.Namespace) -> int:
     fixed = dict(dp=dp, tp=tp, pp=pp, ep=a.ep, cp=cp, global_batch=gb, seq_len=seq, dtype=a.dtype, offload=a.offload,
                  uneven_stages=a.uneven_stages)
     zero = a.zero
-    if opts.ps_servers:  # a parameter server replaces DDP's all-reduce: zero 0 (or 1)
-        if zero is not None and zero >= 2:
-            raise PtdError(f"--dp-comm ps prices zero 0 or 1 (gradients pushed whole), not zero {zero}")
+    if opts.ps_servers:  # a parameter server replaces DDP's all-reduce; ZeRO-1/2/3 reduce-scatter
+        if zero:
+            raise PtdError(f"--dp-comm ps prices zero 0 (gradients pushed whole), not zero {zero}")
         zero = 0 if zero is None else zero
     for knob, val, default in [("micro_batch", a.micro_batch, 1), ("zero", zero, 0),
                                ("recompute", a.recompute, "none"), ("vpp", a.vpp, 1),

@@ -130,9 +130,9 @@ def run(a: argparse.Namespace) -> int:
         raise PtdError(f"--tolerance must be in [0, 1), got {a.tolerance}")
     fixed = parse_fix(a.fix)
     model, cluster, opts = resolve(a)
-    if opts.ps_servers:  # a parameter server replaces DDP's all-reduce: zero 0 (or 1)
-        if fixed.get("zero", 0) >= 2:
-            raise PtdError("--dp-comm ps prices zero 0 or 1 (gradients pushed whole)")
+    if opts.ps_servers:  # a parameter server replaces DDP's all-reduce; ZeRO-1/2/3 reduce-scatter
+        if fixed.get("zero", 0):
+            raise PtdError("--dp-comm ps prices zero 0 (gradients pushed whole)")
         fixed.setdefault("zero", 0)
     seq = a.seq_len or default_seq_len(model)
     gb = a.global_batch or default_global_batch(seq, 1)

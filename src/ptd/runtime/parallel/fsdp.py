@@ -4,9 +4,11 @@ Under ZeRO-3 each transformer block is one FSDP unit (its parameters all-gathere
 just before use), then the root takes what is left (embeddings, final norm, output layer).
 Under ZeRO-1/2 consecutive blocks are grouped into units of at least 25 MiB of fp32
 parameters (:func:`bucket_blocks`, DDP's bucket size; a block of a billion-parameter model
-is a unit on its own) and the root takes the remainder: fewer, larger collectives, where
-every one is a point at which all ranks wait for each other -- on this 2-core CPU with 4
-gloo workers, per-block units cost ~0.4 s per step of ``small`` (measured, docs/benchmarks.md).
+is a unit on its own) and the root takes the remainder: fewer, larger collectives, each of
+them a point where every rank waits for the others. On 4 gloo workers of a loaded 2-core CPU
+(``small``, 4 blocks of 3 MB: one unit) the median step of per-block units was ~21% longer
+than the former ZeroRedundancyOptimizer path's and one unit's level with it (a development
+measurement, not a recorded benchmark: see docs/benchmarks.md, "Against other frameworks").
 Parameters become ``DTensor`` shards (``Shard(0)`` of every tensor: even, flat sharding to
 one row, like DeepSpeed's and Megatron's distributed optimizer); gradients are
 reduce-scattered, and plain AdamW over the sharded parameters keeps 1/dp of the optimizer

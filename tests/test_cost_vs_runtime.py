@@ -48,6 +48,13 @@ _VARIANTS = {
     "base": {}, "swiglu": {"mlp": "swiglu"}, "rope": {"position": "rope"},
     "rmsnorm": {"norm": "rmsnorm"}, "bias": {"bias": True}, "dropout": {"dropout": 0.1},
     "llama": {"mlp": "swiglu", "norm": "rmsnorm", "position": "rope"},
+    # mixture of experts (a routed MLP instead of the dense one), feature by feature
+    "moe": {"n_experts": 8, "top_k": 2}, "moe-swiglu": {"n_experts": 4, "top_k": 1, "mlp": "swiglu"},
+    "moe-bias": {"n_experts": 8, "top_k": 2, "bias": True},
+    "moe-shared": {"n_experts": 8, "top_k": 2, "n_shared_experts": 2},
+    "moe-capacity": {"n_experts": 8, "top_k": 2, "capacity_factor": 1.25},
+    "moe-all": {"n_experts": 16, "top_k": 4, "mlp": "swiglu", "norm": "rmsnorm", "position": "rope",
+                "bias": True, "n_shared_experts": 1, "capacity_factor": 1.5, "dropout": 0.1},
 }
 
 
@@ -75,3 +82,46 @@ def test_dtensor_operator_constants_equal_the_runtime_count(sp, tmp_path):
     block, output = tp_dtensor_ops(spec, sp)
     assert (got["block_fwd"], got["block_bwd"]) == block
     assert (got["output_fwd"], got["output_bwd"]) == output
+
+
+def _saved_bytes(spec, seq_len=64, batch=2):
+    """Bytes of the tensors block 0 saves for its backward (parameters and its input left
+    out), counted once per storage with saved-tensor hooks."""
+    import torch
+    from ptd.runtime.model.init import materialize
+    from ptd.runtime.model.transformer import build_model
+    model = build_model(spec, "meta")
+    materialize(model, torch.device("cpu"), seed=0)
+    rope = (model.rope_cos, model.rope_sin) if model.rope_cos is not None else None
+    x = torch.randn(batch, seq_len, spec.hidden, requires_grad=True)
+    skip = {p.untyped_storage().data_ptr() for p in model.parameters()} | {x.untyped_storage().data_ptr()}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in skip:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.layers["0"](x, rope)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("moe", [{}, {"mlp": "gelu", "norm": "layernorm", "position": "learned"},
+                                 {"n_shared_experts": 2}, {"top_k": 3, "n_experts": 4}])
+def test_moe_activations_equal_the_saved_tensors(moe):
+    # What a MoE layer keeps beyond the dense block it replaces, priced by cost/memory.py,
+    # against the tensors the runtime's layer really saves (fp32, 128 tokens). By hand for
+    # tiny-moe (h = F = 64, E = 8, k = 2, SwiGLU): per assignment (3h + 4F + 1) x 4 bytes plus
+    # three int64 indices and an fp32 weight = 1,824; per token 8E + 4 = 68; the dense MLP's
+    # 4F x 4 = 1,024 no longer kept; per micro-batch 4E (1 + 3) = 128. So 128 tokens:
+    # 128 (2 x 1824 + 68 - 1024) + 128 = 344,704 bytes.
+    from ptd.cost.memory import activation_bytes_per_layer
+    spec = get_preset("tiny-moe").replace(**moe)
+    dense = spec.replace(n_experts=0, top_k=0, n_shared_experts=0)
+    got = _saved_bytes(spec) - _saved_bytes(dense)
+    want = (activation_bytes_per_layer(spec, 64, 2, act_bytes=4)
+            - activation_bytes_per_layer(dense, 64, 2, act_bytes=4))
+    assert got == want
+    if not moe:
+        assert got == 128 * (2 * 1824 + 68 - 1024) + 128 == 344_704

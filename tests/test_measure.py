@@ -82,6 +82,29 @@ def test_pipeline_stage_waiting_in_the_loss_all_reduce_is_bubble():
     assert pipe["compute"] == flat["compute"] == pytest.approx(50e-6)
 
 
+def test_expert_and_context_exchanges_get_their_own_parts():
+    """All-to-alls inside forward/backward are the experts' dispatch and combine (ep_comm)
+    when ep > 1; all-gathers there are cp's K/V exchange (cp_comm) when cp > 1 without
+    FSDP, FSDP's gathers (dp_comm_exposed) with it, and tensor parallel's otherwise."""
+    from types import SimpleNamespace
+
+    from ptd.summary.compare import cost_view
+    by_phase = {"forward": {"all_to_all": 3.0, "all_gather": 5.0},
+                "backward": {"all_to_all": 7.0, "all_gather": 11.0}}
+
+    def view(**kw):
+        return cost_view({}, by_phase, SimpleNamespace(**{"pp": 1, "tp": 1, "zero": 0, "ep": 1,
+                                                          "cp": 1, **kw}))
+    ep = view(ep=2)
+    assert (ep["ep_comm"], ep["cp_comm"], ep["tp_comm"]) == (10.0, 0.0, 16.0)
+    cp = view(cp=2)
+    assert (cp["ep_comm"], cp["cp_comm"], cp["dp_comm_exposed"]) == (0.0, 16.0, 10.0)
+    cp_fsdp = view(cp=2, zero=1)
+    assert (cp_fsdp["cp_comm"], cp_fsdp["dp_comm_exposed"]) == (0.0, 26.0)
+    both = view(ep=2, cp=2)
+    assert (both["ep_comm"], both["cp_comm"]) == (10.0, 16.0)
+
+
 def test_mean_of_breakdowns_is_part_by_part():
     a = analyse_step([sp("ptd:step", 0, 10), sp("ptd:forward", 0, 10)], MAIN, (0, 10))
     b = analyse_step([sp("ptd:step", 0, 30), sp("ptd:optimizer", 0, 30)], MAIN, (0, 30))

@@ -300,3 +300,25 @@ def test_imbalance_term_by_hand():
     assert imbalance_compute_time(m, plan, 32, 1e15, 1.5) == pytest.approx(want, rel=1e-12)
     assert imbalance_compute_time(m, plan.replace(ep=1), 32, 1e15, 1.5) == 0.0
     assert imbalance_compute_time(m, plan, 32, 1e15, 1.0) == 0.0
+
+
+def test_moe_block_products_and_memory_traffic_under_tp_by_hand():
+    # tiny-moe with one shared expert (h = F = 64, E = 8, k = 2, SwiGLU), 128 tokens, tp 2:
+    # the router and the routed experts are whole on every tp rank (runtime/parallel/tp.py),
+    # the shared expert is split like a dense MLP
+    from ptd.cost.compute import block_gemms, elementwise_bytes_fwd
+    spec = get_preset("tiny-moe").replace(n_shared_experts=1)
+    lin, _ = block_gemms(spec, 128, 64, 2, 2)
+    mlp = [(g.m, g.n, g.k, g.count) for g in lin[3:]]  # after q, k/v, o
+    assert mlp == [(128, 8, 64, 1),             # router
+                   (32, 64, 64, 16),            # w1 and w3 of 8 experts, 128 x 2 / 8 rows each
+                   (32, 64, 64, 8),             # w2 of 8 experts
+                   (128, 32, 64, 2),            # shared w1, w3: F / 2 columns
+                   (128, 64, 32, 1)]            # shared w2: F / 2 inner
+    # memory traffic: per token (elementwise_bytes_fwd's docstring) with routed experts whole:
+    # k (5F + 6h) and the shared expert's 5F / tp
+    one = elementwise_bytes_fwd(spec, 128, 1, False, 4)
+    two = elementwise_bytes_fwd(spec, 128, 2, False, 4)
+    dense_part = lambda t: 4 * 64 + 6 * 64 + 6 * (64 + 32) / t + (2 * (64 + 64) + 2 * 64) / t  # noqa: E731
+    assert one == 128 * 4 * (dense_part(1) + 2 * (5 * 64 + 6 * 64) + 5 * 64)
+    assert two == 128 * 4 * (dense_part(2) + 2 * (5 * 64 + 6 * 64) + 5 * 64 / 2)

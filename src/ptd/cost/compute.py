@@ -43,6 +43,15 @@ OPS_ROPE = (24, 14)        # slicing the tables, rotate-half, two products and a
 OPS_RMSNORM = (12, 30)     # F.rms_norm is composite on CPU: pow, mean, add, rsqrt, mul, mul
 OPS_BIAS_BWD_PER_LINEAR = 3  # a biased linear's backward adds its bias-gradient sum
 OPS_DROPOUT = (43, 30)     # residual dropouts, and SDPA's math path for attention dropout
+OPS_MOE = {"gelu": (45, 41), "swiglu": (44, 37)}
+"""A routed mixture-of-experts MLP in place of the dense one (ptd.runtime.model.moe): router
+product, softmax, top-k, the load-balancing and z-loss statistics, the stable sort by
+expert, the gather of the tokens, grouped products, weighting and the ``index_add`` back.
+The count does not depend on the number of experts, ``top_k`` or the tokens: one grouped
+product per weight matrix, whatever the groups."""
+OPS_MOE_BIAS_FWD_PER_MATRIX = 3   # a routed expert matrix's bias: repeat per group, add
+OPS_MOE_SHARED = {"gelu": (6, 16), "swiglu": (9, 26)}  # per shared expert (a dense MLP on all tokens)
+OPS_MOE_CAPACITY = (12, 0)        # ranking assignments within their expert, the keep mask
 OPS_OUTPUT_BASE = (10, 18)
 """Final LayerNorm, output layer and fp32 cross-entropy (forward, backward)."""
 # Operators on DTensors with tensor parallelism (counted by ptd.runtime.measure.opcount on a
@@ -69,6 +78,24 @@ def block_ops(model: ModelSpec) -> tuple[int, int]:
             f, b = f + df, b + db
     if model.bias:
         b += OPS_BIAS_BWD_PER_LINEAR * linears
+    if model.is_moe:
+        f, b = _moe_ops(model, f, b)
+    return f, b
+
+
+def _moe_ops(model: ModelSpec, f: int, b: int) -> tuple[int, int]:
+    """``(f, b)`` of the dense block plus what a MoE layer adds (``OPS_MOE*``)."""
+    matrices = 3 if model.mlp == "swiglu" else 2
+    df, db = OPS_MOE[model.mlp]
+    f, b = f + df, b + db
+    if model.bias:
+        f += OPS_MOE_BIAS_FWD_PER_MATRIX * matrices
+    sf, sb = OPS_MOE_SHARED[model.mlp]
+    shared_bias = OPS_BIAS_BWD_PER_LINEAR * matrices if model.bias else 0
+    f += model.n_shared_experts * sf
+    b += model.n_shared_experts * (sb + shared_bias)
+    if model.capacity_factor > 0:
+        f, b = f + OPS_MOE_CAPACITY[0], b + OPS_MOE_CAPACITY[1]
     return f, b
 
 
@@ -217,13 +244,19 @@ def block_gemms(model: ModelSpec, tokens: int, seq_len: int, micro_batch: int, t
     """(linear-layer products, attention products) of one block's forward, per tp rank."""
     h, q, kv, f, t = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden, tp
     lin = [Gemm(tokens, q / t, h), Gemm(tokens, kv / t, h, 2), Gemm(tokens, h, q / t)]
-    per_expert = [Gemm(tokens, f / t, h, 2 if model.mlp == "swiglu" else 1), Gemm(tokens, h, f / t)]
+    up = 2 if model.mlp == "swiglu" else 1
+    mlp = [Gemm(tokens, f / t, h, up), Gemm(tokens, h, f / t)]  # split over tp
     if model.is_moe:
-        share = model.top_k / model.n_experts  # balanced routing
-        lin.append(Gemm(tokens, model.n_experts, h))
-        lin += [Gemm(g.m * share, g.n, g.k, g.count * model.n_experts) for g in per_expert]
+        # router and routed experts are whole on every tp rank (runtime/parallel/tp.py), each
+        # expert taking its share of the assignments (balanced routing); shared experts are
+        # dense MLPs split over tp
+        share = model.top_k / model.n_experts
+        e = model.n_experts
+        lin += [Gemm(tokens, e, h), Gemm(tokens * share, f, h, up * e), Gemm(tokens * share, h, f, e)]
+        lin += [Gemm(g.m, g.n, g.k, g.count * model.n_shared_experts) for g in mlp
+                if model.n_shared_experts]
     else:
-        lin += per_expert
+        lin += mlp
     heads = micro_batch * model.n_heads / t
     d = model.head_dim
     attn = [Gemm(seq_len, seq_len, d, heads), Gemm(seq_len, d, seq_len, heads)]
@@ -239,14 +272,18 @@ def elementwise_bytes_fwd(model: ModelSpec, tokens: int, tp: int, sp: bool, act_
     2), dropout (read, write, 1-byte mask) when enabled.
     """
     h, q, kv, f, t = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden, tp
+    routed = 0.0
     if model.is_moe:
-        f *= model.top_k
+        # routed experts whole on every tp rank; per assignment the gather of the tokens, the
+        # weighting and the index_add back each read and write h
+        routed = model.top_k * ((5 if model.mlp == "swiglu" else 2) * f + 6 * h)
+        f *= model.n_shared_experts
     rep = t if sp else 1
     e = (4 * h + 6 * h) / rep
     if model.position == "rope":
         e += 6 * (q + kv) / t
     e += (2 * (q + 2 * kv) + 2 * q) / t
-    e += (5 if model.mlp == "swiglu" else 2) * f / t
+    e += (5 if model.mlp == "swiglu" else 2) * f / t + routed
     total = e * tokens * act_bytes
     if model.dropout > 0:
         total += 2 * tokens * h / rep * (2 * act_bytes + 1)

@@ -198,7 +198,8 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     s, b, h, a, t = seq_len, micro_batch, model.hidden, model.n_heads, tp
     q = model.q_dim
     kv = q if gqa_expanded else model.kv_dim
-    f = model.ffn_hidden * (model.top_k if model.is_moe else 1)
+    # the MLP split over tp: the dense one, or a MoE layer's shared experts
+    f = model.ffn_hidden * (model.n_shared_experts if model.is_moe else 1)
     drop = model.dropout > 0 if dropout is None else dropout
     sbh = s * b * h
     seq_div = t if sp else 1  # the replicated (non-tensor-parallel) regions
@@ -223,8 +224,25 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     else:
         total += 4 * a * s * b / t                        # fp32 log-sum-exp
     if model.is_moe:
-        total += 4 * s * b * model.n_experts              # router probabilities (fp32)
+        # and per micro-batch the assignment shares (fp32) and each grouped product's group
+        # offsets (int32), E each
+        total += s * b * moe_bytes_per_token(model, ab) + 4 * model.n_experts * (
+            1 + (3 if model.mlp == "swiglu" else 2))
     return total
+
+
+def moe_bytes_per_token(model: ModelSpec, act_bytes: int) -> float:
+    """What a MoE layer keeps per token beyond its shared experts (ptd.runtime.model.moe,
+    counted tensor by tensor with saved-tensor hooks in tests/test_cost_vs_runtime.py). Per
+    assignment (``top_k`` per token), whole on every tp rank (routed experts are not split
+    over tp): the gathered input and the experts' output before and after weighting (3h),
+    the products' intermediates (SwiGLU: w1 and w3 outputs, SiLU, their product, 4F; GELU:
+    2F), its routing weight, and three int64 indices (expert, sort order, token) plus the
+    fp32 top-k weight. Per token: the router logits and their softmax in fp32 (2 x 4E) and
+    the z-loss's log-sum-exp (4)."""
+    h, f, ab = model.hidden, model.ffn_hidden, act_bytes
+    per_assignment = (3 * h + (4 if model.mlp == "swiglu" else 2) * f + 1) * ab + 3 * 8 + 4
+    return model.top_k * per_assignment + 8 * model.n_experts + 4
 
 
 def output_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1,

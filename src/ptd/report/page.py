@@ -12,8 +12,8 @@ from .load import Run, num, series
 from .svg import PALETTE, HLine, LineChart, Series, StackedBars
 from .tables import e
 
-BAR_PARTS = ["forward", "backward", "recompute", "compute", "tp_comm", "pp_comm",
-             "dp_comm_exposed", "bubble", "optimizer", "data", "other"]
+BAR_PARTS = ["forward", "backward", "recompute", "compute", "tp_comm", "pp_comm", "ep_comm",
+             "cp_comm", "dp_comm_exposed", "bubble", "optimizer", "data", "other"]
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;

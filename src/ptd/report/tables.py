@@ -68,6 +68,8 @@ def comparison(s: dict[str, Any]) -> str:
     mb, pb = m.get("breakdown") or {}, p.get("breakdown") or {}
     if mb or pb:
         for k in STEP_PARTS:
+            if k in ("ep_comm", "cp_comm") and not (num(mb.get(k)) or num(pb.get(k))):
+                continue  # dimensions the run does not use (or a summary from before them)
             depth = 2 if k in ("forward", "backward", "recompute") else 1
             add(k, k, mb.get(k), pb.get(k), duration, depth)
         if mb:
@@ -129,7 +131,7 @@ def per_rank_memory(s: dict[str, Any]) -> str:
     return _table(header, body, "mem")
 
 
-TIME_COLS = ("compute", "tp_comm", "pp_comm", "dp_comm_exposed", "bubble", "optimizer",
+TIME_COLS = ("compute", "tp_comm", "pp_comm", "ep_comm", "cp_comm", "dp_comm_exposed", "bubble", "optimizer",
              "data", "other")
 
 

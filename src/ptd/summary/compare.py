@@ -20,6 +20,11 @@ compute             forward + backward (+ zero-bubble weight pass) + recompute
 tp_comm             exposed collectives inside forward/backward when tp > 1 (all-reduce,
                     and all-gather/reduce-scatter unless FSDP shards over dp)
 pp_comm             exposed sends (and receive launches) of the pipeline
+ep_comm             exposed all-to-alls inside forward/backward when ep > 1 (the
+                    experts' token dispatch and combine)
+cp_comm             exposed all-gathers inside forward/backward when cp > 1 and zero is 0
+                    (the K/V exchange; with FSDP its all-gathers are not told apart
+                    from FSDP's, and count as dp_comm_exposed)
 dp_comm_exposed     exposed collectives of the gradient reduction: DDP's bucket
                     all-reduces, FSDP's all-gathers and reduce-scatters, the runner's
                     explicit gradient average (with its packing copies)
@@ -40,8 +45,8 @@ from typing import Any, Sequence
 from ..cost import metrics as M
 from ..fmt import duration, gib, pct, si, table
 
-STEP_PARTS = ("compute", "forward", "backward", "recompute", "tp_comm", "pp_comm",
-              "dp_comm_exposed", "bubble", "optimizer")
+STEP_PARTS = ("compute", "forward", "backward", "recompute", "tp_comm", "pp_comm", "ep_comm",
+              "cp_comm", "dp_comm_exposed", "bubble", "optimizer")
 
 
 def predict(model: Any, plan: Any, hardware: Any) -> Any:
@@ -82,6 +87,10 @@ def cost_view(parts: dict[str, float], by_phase: dict[str, dict[str, float]], pl
             if phase in ("forward", "backward", "backward_w", "recompute", "schedule"):
                 if kind in ("send", "recv"):
                     dest = "pp_comm"
+                elif kind == "all_to_all" and plan.ep > 1:
+                    dest = "ep_comm"
+                elif kind == "all_gather" and plan.cp > 1 and plan.zero == 0:
+                    dest = "cp_comm"
                 elif kind in ("all_gather", "reduce_scatter"):
                     dest = "dp_comm_exposed" if plan.zero >= 1 else "tp_comm"  # FSDP's
                 elif kind in ("all_reduce", "wait"):
@@ -248,8 +257,9 @@ def comparison_table(s: dict[str, Any]) -> str:
     add("step time", m["step_time_s"], p["step_time_s"], duration)
     mb, pb = m.get("breakdown"), p.get("breakdown", {})
     if mb:
-        for k in ("compute", "forward", "backward", "recompute", "tp_comm", "pp_comm",
-                  "dp_comm_exposed", "bubble", "optimizer"):
+        for k in STEP_PARTS:
+            if k in ("ep_comm", "cp_comm") and not (mb.get(k) or pb.get(k)):
+                continue  # dimensions the run does not use
             label = ("  " if k in ("forward", "backward", "recompute") else "") + "  " + k
             add(label, mb[k], pb.get(k), duration)
         add("  data wait", mb["data"], None, duration, None)

@@ -13,7 +13,9 @@ exactly as :mod:`ptd.cost.params` prices it (``Param.tp_dim``):
   column parallel over the vocabulary, returning logits as a ``DTensor`` sharded on the
   vocabulary: the runners compute the loss under ``loss_parallel()``, so the full
   ``(tokens, vocab)`` logits are never gathered;
-* norms, position embeddings and row-parallel biases are replicated.
+* norms, position embeddings and row-parallel biases are replicated;
+* mixture of experts: the router and the routed experts are replicated (experts split over
+  ep instead), shared experts split like the dense MLP.
 
 Sequence parallel (``plan.sp``): the residual stream between the parallel regions is split
 along the sequence (``Shard(1)``); norms run on their sequence shard (``SequenceParallel``),
@@ -61,11 +63,20 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, plan: ParallelPlan) -> None:
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=between),
         }
-        if not hasattr(block.feed_forward, "router"):  # MoE experts: replicated over tp
-            layer["feed_forward.w1"] = ColwiseParallel()
-            layer["feed_forward.w2"] = RowwiseParallel(output_layouts=between)
-        if getattr(block.feed_forward, "w3", None) is not None:
-            layer["feed_forward.w3"] = ColwiseParallel()
+        ff = block.feed_forward
+        # MoE: the routed experts are replicated over tp (split over ep instead); shared
+        # experts, dense MLPs on every token, are split like the dense MLP (as Megatron-Core
+        # does), their partial outputs all-reduced (sp is refused with MoE)
+        if not hasattr(ff, "router"):
+            mlps = ["feed_forward."]
+        else:
+            mlps = [f"feed_forward.shared.{i}." for i in range(len(ff.shared or ()))]
+        for prefix in mlps:
+            mlp = block.get_submodule(prefix[:-1])
+            layer[prefix + "w1"] = ColwiseParallel()
+            layer[prefix + "w2"] = RowwiseParallel(output_layouts=between)
+            if getattr(mlp, "w3", None) is not None:
+                layer[prefix + "w3"] = ColwiseParallel()
         if sp:
             layer.update({
                 "attention_norm": SequenceParallel(),

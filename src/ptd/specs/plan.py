@@ -82,8 +82,9 @@ class ParallelPlan:
 
     # ----------------------------------------------------------- derived
     @property
-    def tp_side(self) -> int:
-        """The side ``q`` of the 2-D tensor-parallel mesh (``tp`` for 1d)."""
+    def tp_split(self) -> int:
+        """Into how many slices tensor parallelism cuts the heads, the MLP columns and the
+        vocabulary (padded to a multiple of it): ``tp`` for 1d, the mesh side ``q`` for 2d."""
         if self.tp_mode != "2d":
             return self.tp
         q = math.isqrt(self.tp)
@@ -210,7 +211,7 @@ class ParallelPlan:
             self._validate_against(model)
 
     def _validate_against(self, m: ModelSpec) -> None:
-        t = self.tp_side  # 2d: heads and ffn columns are split over the q mesh columns
+        t = self.tp_split  # 2d: heads and ffn columns are split over the q mesh columns
         if self.tp_mode == "2d" and m.hidden % t:
             raise PtdError(f"{m.name}: hidden {m.hidden} is not divisible by q = {t} (--tp-mode 2d)")
         tn = f"q = {t} (--tp-mode 2d)" if self.tp_mode == "2d" else f"tp {t}"

@@ -58,7 +58,7 @@ def metadata_problems(ckpt: store.Checkpoint) -> list[str]:
     except Exception as e:  # noqa: BLE001 - any failure to read it is a damaged checkpoint
         return [f"{store.DCP_METADATA} does not load ({type(e).__name__}: {str(e)[:80]})"]
     try:
-        expected = expected_params(ckpt.config.model, ckpt.config.plan.tp)
+        expected = expected_params(ckpt.config.model, ckpt.config.plan.tp_split)
     except PtdError as e:
         return [f"its manifest's config is invalid: {e}"]
     sdm = md.state_dict_metadata

@@ -109,11 +109,14 @@ train = functools.partial(helpers.ptd_train, common=COMMON, timeout=RUN_TIMEOUT)
 def test_checkpoints_move_between_2d_and_1d(tmp_path):
     """tp 4 as 2 x 2 at step 3 -> tp 2 (1d), its step 4 -> tp 4 as 2 x 2 again to step 6:
     the losses and final parameters of the uninterrupted 2-D run. (Every run keeps
-    ``--steps 6``: the learning-rate schedule follows it.)"""
+    ``--steps 6``: the learning-rate schedule follows it.) With full recompute, which the
+    resumed runs inherit: 2-D blocks recomputed in the backward (their collectives run
+    again) must give the gradients the 1-D run computes."""
     home = tmp_path / "home"
     tp2d = ["--nproc", "4", "--tp", "4", "--tp-mode", "2d", "--micro-batch", "4"]
     src = tmp_path / "src"  # uninterrupted
-    ok(train(src, *tp2d, "--checkpoint-every", "3", home=home, dump_params=True))
+    ok(train(src, *tp2d, "--recompute", "full", "--checkpoint-every", "3", home=home,
+             dump_params=True))
     mid = tmp_path / "mid"  # 2d -> 1d
     r = ok(train(mid, "--resume", str(src / "checkpoints" / "step_00000003"), "--nproc", "2",
                  "--tp", "2", "--tp-mode", "1d", "--checkpoint-every", "1", "--checkpoint-keep", "3",

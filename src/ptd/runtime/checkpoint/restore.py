@@ -267,7 +267,8 @@ def load_into(trainer: Any, ckpt: store.Checkpoint, cfg: TrainConfig, dims: Any)
         set_rng_state(target["rng"][key], dims.device)
     else:
         # a stream per replica, shared by tp peers, as at the start (never the global rank:
-        # tp peers would then draw different masks for the activations they share)
+        # tp peers would then draw different masks for the activations they share; 2-D tp
+        # shares none, its ranks draw their own: ParallelDims.rng_stream)
         dims.seed_rng(cfg.seed, ckpt.step)
     if ckpt.step > 0:
         rebuild_ddp_buckets(trainer.model, dims.device)

@@ -21,29 +21,24 @@ One linear ``Y = X W`` on rank ``(r, c)``, ``X`` block ``[b/q, in/q]``, ``W`` bl
   over the row; ``dW = X^T dY`` is partial over the column (a sum over the batch rows):
   reduce-scatter over the column.
 
-SUMMA (which Optimus uses) broadcasts ``X``'s blocks along rows and ``W``'s along columns in
-``q`` steps and accumulates; the ``q`` broadcasts of one operand move exactly what one
-all-gather moves, so these are SUMMA's bytes in two collectives (and its backward's reduces
-are the two reduce-scatters), at the price of holding a gathered operand at once.
+SUMMA (Optimus) broadcasts ``X``'s blocks along rows and ``W``'s along columns in ``q``
+steps; those ``q`` broadcasts move what one all-gather moves, so these are SUMMA's bytes in
+two collectives (its backward's reduces: the reduce-scatters), holding a gathered operand.
 
-Attention: the q/k/v column blocks hold whole heads (``n_heads`` and ``n_kv_heads``
-divisible by ``q``), so attention runs locally on ``[b/q, heads/q]``. Norms over a hidden
-split across columns all-reduce the partial sums (of squares) over the row. The output
-layer gives logits ``[b/q, s, V/q]``; cross-entropy over the vocabulary split along the row
-all-reduces the max, the sum of exponentials and the target logit (:func:`loss_sum_2d`).
+q/k/v column blocks hold whole heads (``n_heads``, ``n_kv_heads`` divisible by ``q``):
+attention runs locally on ``[b/q, heads/q]``. Norms all-reduce their partial sums (of
+squares) over the row. Logits come as ``[b/q, s, V/q]``; the cross-entropy all-reduces the
+max, the sum of exponentials and the target logit over the row (:func:`loss_sum_2d`).
 
 Gradients of row-replicated parameters (norms, biases, learned positions) are partial over
 the rows (each row saw its own batch slice): their ``to_local`` declares the gradient
 ``Partial`` on ``tpr``, and the runner's :class:`~.tp.AlignTPGrads` all-reduces them to the
-parameter's placement before the dp average and the global norm.
-
-Limits (:func:`ptd.runtime.launch.limits.tp2d_problem`): no sp, cp, ep/MoE, ZeRO, pp, tied
-embeddings or ``--compile``.
+parameter's placement before the dp average and the global norm. Limits:
+:func:`ptd.runtime.launch.limits.tp2d_problem`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -66,10 +61,8 @@ class Grid:
     q: int
     r: int
     c: int
-    row: dist.ProcessGroup
-    """The ``q`` ranks ``(r, *)`` (mesh axis ``tpc``): they share a batch slice."""
-    col: dist.ProcessGroup
-    """The ``q`` ranks ``(*, c)`` (mesh axis ``tpr``): they share a hidden slice."""
+    row: dist.ProcessGroup  # the q ranks (r, *), mesh axis tpc: they share a batch slice
+    col: dist.ProcessGroup  # the q ranks (*, c), mesh axis tpr: they share a hidden slice
 
     @classmethod
     def of(cls, mesh: DeviceMesh) -> "Grid":
@@ -117,28 +110,23 @@ class _AllReduce(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):  # type: ignore[no-untyped-def,override]
-        ctx.group = group
-        x = x.clone()
+        ctx.group, x = group, x.clone()
         dist.all_reduce(x, group=group)
         return x
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[no-untyped-def,override]
-        g = g.contiguous().clone()
-        dist.all_reduce(g, group=ctx.group)
+        dist.all_reduce(g := g.contiguous().clone(), group=ctx.group)
         return g, None
 
 
 class _SumReplicated(torch.autograd.Function):
-    """Sum over a group of values that every rank then uses *identically* (the loss of each
-    row, added over the rows): every rank back-propagates the same gradient, which is
-    already each part's -- identity backward (Megatron's "g" operator)."""
+    """Sum over a group of values every rank then uses *identically* (the rows' losses):
+    each rank back-propagates the same gradient, already each part's -- identity backward."""
 
     @staticmethod
     def forward(ctx, x, group):  # type: ignore[no-untyped-def,override]
-        x = x.clone()
-        dist.all_reduce(x, group=group)
-        return x
+        return _AllReduce.forward(ctx, x, group)
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[no-untyped-def,override]
@@ -147,8 +135,8 @@ class _SumReplicated(torch.autograd.Function):
 
 # ------------------------------------------------------------------ modules (swapped in place)
 def _local(p: torch.Tensor, row_partial: bool = False) -> torch.Tensor:
-    """This rank's block of parameter ``p``; ``row_partial``: ``p`` is replicated over the
-    rows, whose gradients are partial sums (each row saw its own batch slice)."""
+    """This rank's block of ``p``; ``row_partial``: ``p`` is replicated over the rows, whose
+    gradients are partial sums (each row saw its own batch slice)."""
     if not isinstance(p, DTensor):
         return p
     if row_partial:
@@ -228,8 +216,7 @@ class LayerNorm2D(nn.LayerNorm):
 
 
 def _shard(module: nn.Module, name: str, grid: Grid, placements: tuple) -> None:
-    p = getattr(module, name)
-    if p is None:
+    if (p := getattr(module, name)) is None:
         return
     d = distribute_tensor(p.data, grid.mesh, placements, src_data_rank=None)  # meta: local slices
     setattr(module, name, nn.Parameter(d, requires_grad=p.requires_grad))
@@ -248,8 +235,7 @@ def apply_tp2d(model: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> Grid:
             _shard(mod, "weight", grid, blocks)
             _shard(mod, "bias", grid, cols)
             mod.__class__ = Output2D if mod is model.output else Linear2D
-            if mod is model.output:
-                mod.vocab = model.spec.vocab_size
+            mod.vocab = model.spec.vocab_size  # (read by Output2D only)
         elif isinstance(mod, nn.Embedding):
             if mod is model.tok_embeddings:
                 _shard(mod, "weight", grid, (Shard(0), Shard(1)))
@@ -261,8 +247,8 @@ def apply_tp2d(model: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> Grid:
             _shard(mod, "weight", grid, cols)
             mod.__class__ = RMSNorm2D
         elif isinstance(mod, nn.LayerNorm):
-            _shard(mod, "weight", grid, cols)
-            _shard(mod, "bias", grid, cols)
+            for name in ("weight", "bias"):
+                _shard(mod, name, grid, cols)
             mod.__class__ = LayerNorm2D
         else:
             continue
@@ -311,9 +297,3 @@ class _VocabParallelCE(torch.autograd.Function):
         grad[rows, idx] -= inside.to(grad.dtype)
         return grad * g[:, None], None, None, None
 
-
-def mesh_side(tp: int) -> int:
-    """``q`` with ``q * q == tp`` (the plan's validation has checked that one exists)."""
-    q = math.isqrt(tp)
-    assert q * q == tp, tp
-    return q

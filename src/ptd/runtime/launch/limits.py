@@ -88,9 +88,9 @@ def plan_problem(model: ModelSpec, plan: ParallelPlan, *, compile: bool = False)
 
 def tp2d_problem(model: ModelSpec, plan: ParallelPlan, *, compile: bool = False) -> str | None:
     """Why this runtime cannot run ``plan``'s 2-D tensor parallelism, or None (``tp = q^2``
-    and the divisibility by ``q`` are ``ParallelPlan.validate``'s). What runs: 2-D tp alone
-    and with plain data parallelism (zero 0), recompute, fp32/bf16; see
-    :mod:`ptd.runtime.parallel.tp2d`."""
+    and the divisibility by ``q`` are ``ParallelPlan.validate``'s). What runs (tested): 2-D
+    tp alone and with plain data parallelism (zero 0), with recompute; see
+    :mod:`ptd.runtime.parallel.tp2d` and docs/parallelism-cp.md."""
     if plan.tp_mode != "2d":
         return None
     why = None

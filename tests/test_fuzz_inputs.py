@@ -93,7 +93,7 @@ PLAN_VALUES = {
     "schedule": st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "fast"]),
     "dtype": st.sampled_from(["fp32", "bf16", "fp16", "fp64"]), "offload": st.booleans(),
     "grad_compression": st.sampled_from(["none", "fp16", "powersgd", "zip"]),
-    "uneven_stages": st.booleans(),
+    "uneven_stages": st.booleans(), "tp_mode": st.sampled_from(["1d", "2d", "3d"]),
 }
 
 

@@ -133,7 +133,7 @@ def test_plan_explains_which_mode_wins(ptd_cli) -> None:
                            "--global-batch", "512", "--seq-len", "4096", "--top", "1", "--pareto", "0",
                            "--tp-modes", "1d,3d", "--explain")
     assert rc == 0, err
-    assert "tensor-parallel modes (priced only: ptd train runs 1d)" in out
+    assert "tensor-parallel modes (priced only: ptd train runs 1d, and 2d with --tp-mode 2d)" in out
     assert "1d wins:" in out and "3d:" in out and "tensor-parallel communication" in out
 
 

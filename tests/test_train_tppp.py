@@ -67,6 +67,11 @@ LAYOUTS = [
     # sequence parallel inside each cp slice: the slice's tokens split again over tp
     ("cp2-tp2-sp", ["--nproc", "4", "--cp", "2", "--tp", "2", "--sp", "--micro-batch", "4"], 1e-5),
     ("cp2-pp2", ["--nproc", "4", "--cp", "2", "--pp", "2", "--micro-batch", "2", *EVAL], 1e-5),
+    # 2-D tensor parallel (tp 4 as a 2 x 2 mesh): weights in blocks, activations split batch
+    # over mesh rows and hidden over columns; with dp 2, gradients averaged by the runner
+    ("tp4-2d", ["--nproc", "4", "--tp", "4", "--tp-mode", "2d", "--micro-batch", "4", *EVAL], 1e-4),
+    ("dp2-tp4-2d", ["--nproc", "8", "--dp", "2", "--tp", "4", "--tp-mode", "2d",
+                    "--micro-batch", "2"], 1e-4),
     # the 3-D example of docs/parallelism.md
     ("pp2-dp2-tp2-zero1-sp", ["--nproc", "8", "--pp", "2", "--dp", "2", "--tp", "2", "--zero", "1",
                               "--sp", "--micro-batch", "2", *EVAL], 1e-4),

@@ -62,7 +62,7 @@ def render_tp(cl: dict[str, Any]) -> str:
     from ..fmt import duration, gib, table
     rows = cl["tp_modes"]
     out = [f"tensor-parallel modes, one block of {cl['model']} at {cl['seq_len']} tokens, "
-           "predicted (Colossal-AI's per-layer factors; ptd trains 1d)"]
+           "predicted (Colossal-AI's per-layer factors; ptd trains 1d and 2d)"]
     out.append(table([(r["tp"], r["mode"] + (f" d{r['depth']}" if r["mode"] == "2.5d" else ""),
                        r["link"], duration(r["comm_per_block_s"]),
                        gib(r["weights_per_device_bytes"]), gib(r["activations_per_device_bytes"]))

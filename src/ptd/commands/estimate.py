@@ -55,7 +55,7 @@ def add_plan_flags(p: argparse.ArgumentParser, *, world_flag: str = "--gpus") ->
                    help="MoE: busiest expert-parallel rank's load over the mean, >= 1 (1)")
     p.add_argument("--tp-mode", choices=["1d", "2d", "2.5d", "3d"], default="1d",
                    help="also price tensor parallelism as 2D (tp = q^2), 2.5D (q^2 x --depth) or "
-                        "3D (q^3) beside the 1D plan ptd trains (priced only)")
+                        "3D (q^3) beside the 1D plan (priced only; ptd train runs 1d, and 2d with --tp-mode 2d)")
     p.add_argument("--depth", type=positive_int, default=1, help="2.5D's depth d (--tp-mode 2.5d)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
@@ -191,7 +191,8 @@ def render_tp_mode(d: dict) -> str:  # type: ignore[type-arg]
     """The ``--tp-mode`` lines under the estimate."""
     shape = f"q = {d['q']}" + (f", depth {d['depth']}" if d["mode"] == "2.5d" else "")
     return "\n".join([
-        "", f"tensor parallelism as {d['mode']} ({shape}), priced only: ptd train runs 1d",
+        "", f"tensor parallelism as {d['mode']} ({shape}), priced only: ptd train runs 1d, "
+            f"and 2d with --tp-mode 2d",
         f"  tp communication  {duration(d['tp_comm_s'])} per step "
         f"({duration(d['comm_per_block_s'])} per block; 1d above: {duration(d['tp_comm_1d_s'])})",
         f"  step time         {duration(d['step_time_s'])} (1d above: {duration(d['step_time_1d_s'])})",

@@ -55,7 +55,7 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp-modes", type=tp_modes, metavar="MODE,...",
                    help="also price the ranked plans' tensor parallelism as 1d,2d,2.5d,3d "
                         "(2.5d at depth 2) and report the best plan of each mode (priced only: "
-                        "ptd train runs 1d); off by default")
+                        "ptd train runs 1d, and 2d with --tp-mode 2d); off by default")
     p.add_argument("--explain", action="store_true",
                    help="for the winner, what each alternative value would cost")
     p.add_argument("--pareto", type=nonneg_int, default=10, metavar="N",
@@ -108,7 +108,7 @@ def render_modes(best: dict, why: list[str]) -> str:  # type: ignore[type-arg]
     from ..fmt import duration
     rows = [(m, duration(d["step_time_s"]), d["estimate"].plan.describe())
             for m, d in sorted(best.items(), key=lambda kv: kv[1]["step_time_s"])]
-    out = ["", "tensor-parallel modes (priced only: ptd train runs 1d): the best plan of each",
+    out = ["", "tensor-parallel modes (priced only: ptd train runs 1d, and 2d with --tp-mode 2d): the best plan of each",
            table(rows, header=("mode", "step time", "plan"), align="lrl") if rows else
            "  no ranked plan has a tensor-parallel degree these modes allow"]
     return "\n".join(out + why)

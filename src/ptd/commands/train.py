@@ -9,6 +9,7 @@ which overrides the defaults; the fully resolved config is written to OUT/config
   ptd train --nproc 2 --zero 3 --model tiny --steps 20
   ptd train --nproc 1 --dtype bf16 --recompute full --data 'docs/**/*.md'
   ptd train --nproc 8 --pp 2 --dp 2 --tp 2 --zero 1 --sp --model tiny --global-batch 8
+  ptd train --nproc 4 --tp 4 --tp-mode 2d --model tiny --micro-batch 4   # 2-D tensor parallel
   ptd train --config run.toml --dry-run --nproc 16   # validate and write OUT/config.toml only
   ptd train --model tiny --checkpoint-every 50 --max-restarts 3   # survive a lost worker
   ptd train --resume runs/latest --nproc 2 --zero 1   # continue that run on another layout
@@ -41,6 +42,9 @@ def add(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("plan")
     g.add_argument("--dp", type=positive_int, help="data-parallel replicas")
     g.add_argument("--tp", type=positive_int, help="tensor-parallel degree (consecutive ranks)")
+    g.add_argument("--tp-mode", choices=("1d", "2d"),
+                   help="1d: Megatron (heads and MLP columns split; default); 2d: weights and "
+                        "activations in blocks on a q x q mesh, tp = q^2 (docs/parallelism-cp.md)")
     g.add_argument("--pp", type=positive_int, help="pipeline-parallel stages (ranks)")
     g.add_argument("--ep", type=positive_int,
                    help="expert-parallel degree, carved out of dp (MoE models; docs/moe.md)")
@@ -119,7 +123,7 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="validate and write OUT/config.toml, start nothing (--nproc = total world)")
 
 
-_PLAN_FLAGS = ("dp", "tp", "pp", "ep", "cp", "vpp", "sp", "schedule", "uneven_stages", "zero", "micro_batch",
+_PLAN_FLAGS = ("dp", "tp", "tp_mode", "pp", "ep", "cp", "vpp", "sp", "schedule", "uneven_stages", "zero", "micro_batch",
                "global_batch", "seq_len", "recompute", "dtype", "offload", "grad_compression")
 _TOP_FLAGS = {"steps": "steps", "seed": "seed", "out": "out", "compile": "compile",
               "threads": "threads", "timeout": "timeout_s", "max_restarts": "max_restarts",

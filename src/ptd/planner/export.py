@@ -83,6 +83,9 @@ def export_files(e: Estimate, fmt: str, *, hardware: str = "", steps: int | None
     from . import export_deepspeed, export_megatron, export_torchtitan
     from .search import runtime_refuses
     runtime_refuses(e.model, e.plan)  # a plan ptd train would refuse is refused here too
+    if e.plan.tp_mode != "1d" and fmt != "ptd":  # a 1-D config would be another layout
+        raise PtdError(f"{fmt} has no {e.plan.tp_mode} tensor parallelism (tp_mode); export "
+                       f"this plan as ptd")
     cfg = TrainConfig()
     if steps:
         cfg = cfg.replace(steps=steps)

@@ -77,17 +77,21 @@ class AccumulationRunner:
 
     def __init__(self, model: nn.Module, precision: Precision,
                  loss_context: Callable[[], ContextManager] = contextlib.nullcontext,
-                 grad_sync: GradSync = None) -> None:
+                 grad_sync: GradSync = None,
+                 loss_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lm_loss_sum) -> None:
+        """``loss_sum(logits, targets)``: the micro-batch's summed token loss (2-D tensor
+        parallelism computes it from logits blocks: :func:`~.parallel.tp2d.loss_sum_2d`)."""
         self.model = model
         self.precision = precision
         self.loss_context = loss_context
         self.grad_sync = grad_sync
+        self.loss_sum = loss_sum
 
     def forward(self, mb: MicroBatch, step_tokens: int) -> torch.Tensor:
         with span("ptd:forward"):
             with self.precision.autocast():
                 logits = self.model(mb.inputs)
-            return lm_loss_sum(logits, mb.targets) / step_tokens
+            return self.loss_sum(logits, mb.targets) / step_tokens
 
     def backward(self, loss: torch.Tensor) -> None:
         with span("ptd:backward"):
@@ -221,13 +225,19 @@ def make_runner(model: nn.Module, stage_modules: Sequence[nn.Module], stage_ids:
     if dp_sync is not None:
         hooks.append(dp_sync)
     sync = _chain(hooks)
-    if plan.tp > 1:
+    loss_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lm_loss_sum
+    if plan.tp > 1 and plan.tp_mode == "2d":  # logits blocks, explicit collectives (no DTensor)
+        import functools
+        from .parallel.tp2d import Grid, loss_sum_2d
+        loss_sum = functools.partial(loss_sum_2d, Grid.of(dims.tp2d_mesh))
+        loss_context: Callable[[], ContextManager] = contextlib.nullcontext
+    elif plan.tp > 1:
         from torch.distributed.tensor.parallel import loss_parallel
-        loss_context: Callable[[], ContextManager] = loss_parallel
+        loss_context = loss_parallel
     else:
         loss_context = contextlib.nullcontext
     if plan.pp == 1:
-        runner: StepRunner = AccumulationRunner(model, precision, loss_context, sync)
+        runner: StepRunner = AccumulationRunner(model, precision, loss_context, sync, loss_sum)
     else:
         from .parallel.pp import ForwardOnly, build_schedule
         chunks, ids = list(stage_modules), list(stage_ids)

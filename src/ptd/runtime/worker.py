@@ -76,7 +76,7 @@ def build_trainer(cfg: TrainConfig, dims: ParallelDims) -> Trainer:
     # Dropout streams differ per replica and pipeline rank, not between tensor-parallel peers:
     # their replicated activations (the residual stream) must get the same masks.
     dims.seed_rng(cfg.seed)
-    model, stage_modules, stage_ids = split_model(build_model(cfg.model, tp=plan.tp), plan,
+    model, stage_modules, stage_ids = split_model(build_model(cfg.model, tp=plan.tp_split), plan,
                                                   dims.coords["pp"])
     model = parallelize(model, plan, dims, seed=cfg.seed, compile=cfg.compile, roots=stage_modules)
     # MoE: auxiliary-loss scale (the runners' loss is per replica token); stats once per tp group
@@ -122,7 +122,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             plan=cfg.plan.to_dict(), plan_desc=cfg.plan.describe(), model=cfg.model.name,
             param_count=cfg.model.param_count(), device=str(dims.device), dtype=cfg.plan.dtype,
             torch=torch.__version__, runtime_params=runtime_params)
-        if note := cfg.model.padding_note(cfg.plan.tp):
+        if note := cfg.model.padding_note(cfg.plan.tp_split):
             summary["vocab_padding"] = note
         if not summary["status"].startswith("interrupted"):  # (every rank agrees)
             summary.update(probe.finish(summary))  # a collective: measured vs predicted

@@ -10,6 +10,7 @@ micro-batches with it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -20,11 +21,13 @@ Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]
 Dtype = Literal["fp32", "bf16", "fp16"]
 GradCompression = Literal["none", "fp16", "powersgd"]
+TPMode = Literal["1d", "2d"]
 
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 TRAIN_DTYPES = ("fp32", "bf16", "fp16")
 GRAD_COMPRESSION = ("none", "fp16", "powersgd")
+TP_MODES = ("1d", "2d")
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,22 @@ class ParallelPlan:
     ep: int = 1
     """Expert-parallel degree (MoE): the routed experts split over ``ep`` consecutive
     data-parallel ranks; must divide ``dp`` and the expert count (docs/moe.md)."""
+    tp_mode: TPMode = "1d"
+    """How the ``tp`` ranks split the layers: ``1d`` (Megatron: heads and MLP columns) or
+    ``2d`` (Optimus/SUMMA on a ``q x q`` mesh, ``tp = q^2``: weights in ``q x q`` blocks,
+    activations split batch over mesh rows and hidden over columns;
+    :mod:`ptd.runtime.parallel.tp2d`)."""
 
     # ----------------------------------------------------------- derived
+    @property
+    def tp_split(self) -> int:
+        """Into how many slices tensor parallelism cuts the heads, the MLP columns and the
+        vocabulary (padded to a multiple of it): ``tp`` for 1d, the mesh side ``q`` for 2d."""
+        if self.tp_mode != "2d":
+            return self.tp
+        q = math.isqrt(self.tp)
+        return q if q * q == self.tp else self.tp
+
     @property
     def world_size(self) -> int:
         return self.dp * self.cp * self.tp * self.pp
@@ -107,6 +124,8 @@ class ParallelPlan:
     def describe(self) -> str:
         """Short human form, e.g. ``dp2 tp2 pp2 zero1 sp mb1 gb16 1f1b``."""
         parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
+        if self.tp_mode != "1d":
+            parts.insert(2, f"tp-{self.tp_mode}")
         if self.ep > 1:
             parts.append(f"ep{self.ep}")
         if self.cp > 1:
@@ -145,6 +164,15 @@ class ParallelPlan:
         if self.grad_compression not in GRAD_COMPRESSION:
             raise PtdError(f"grad_compression must be one of {', '.join(GRAD_COMPRESSION)}, "
                            f"got {self.grad_compression!r}")
+        if self.tp_mode not in TP_MODES:
+            raise PtdError(f"tp_mode must be one of {', '.join(TP_MODES)}, got {self.tp_mode!r}")
+        if self.tp_mode == "2d":
+            q = math.isqrt(self.tp)
+            if q * q != self.tp or q < 2:
+                raise PtdError(f"--tp-mode 2d needs tp = q*q with q >= 2 (4, 9, 16, ...), got tp {self.tp}")
+            if self.micro_batch % q:
+                raise PtdError(f"--tp-mode 2d splits each micro-batch over the {q} mesh rows: "
+                               f"micro_batch {self.micro_batch} is not divisible by q = {q}")
         if world_size is not None and self.world_size != world_size:
             cp = ("*cp", f"*{self.cp}") if self.cp > 1 else ("", "")
             raise PtdError(f"dp*tp*pp{cp[0]} = {self.dp}*{self.tp}*{self.pp}{cp[1]} = {self.world_size} "
@@ -183,13 +211,16 @@ class ParallelPlan:
             self._validate_against(model)
 
     def _validate_against(self, m: ModelSpec) -> None:
-        t = self.tp
+        t = self.tp_split  # 2d: heads and ffn columns are split over the q mesh columns
+        if self.tp_mode == "2d" and m.hidden % t:
+            raise PtdError(f"{m.name}: hidden {m.hidden} is not divisible by q = {t} (--tp-mode 2d)")
+        tn = f"q = {t} (--tp-mode 2d)" if self.tp_mode == "2d" else f"tp {t}"
         if m.n_heads % t:
-            raise PtdError(f"{m.name}: {m.n_heads} attention heads are not divisible by tp {t}")
+            raise PtdError(f"{m.name}: {m.n_heads} attention heads are not divisible by {tn}")
         if m.n_kv_heads % t:
-            raise PtdError(f"{m.name}: {m.n_kv_heads} key/value heads are not divisible by tp {t}")
+            raise PtdError(f"{m.name}: {m.n_kv_heads} key/value heads are not divisible by {tn}")
         if m.ffn_hidden % t:
-            raise PtdError(f"{m.name}: ffn_hidden {m.ffn_hidden} is not divisible by tp {t}")
+            raise PtdError(f"{m.name}: ffn_hidden {m.ffn_hidden} is not divisible by {tn}")
         if self.ep > 1 and not m.is_moe:
             raise PtdError(f"{m.name}: ep {self.ep} needs a mixture-of-experts model (it has no experts)")
         if m.n_experts % self.ep:

@@ -345,7 +345,7 @@ def export(ckpt_path: Path, out: Path) -> tuple[dict[str, Any], int, int]:
     ckpt = store.read(ckpt_path)
     spec = ckpt.config.model
     architecture(spec)
-    shapes = expected_params(spec, ckpt.config.plan.tp)
+    shapes = expected_params(spec, ckpt.config.plan.tp_split)
     target = {"model": {k: torch.empty(s, dtype=torch.float32) for k, s in shapes.items()}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "torch.distributed is disabled ... single process"

@@ -58,7 +58,7 @@ def metadata_problems(ckpt: store.Checkpoint) -> list[str]:
     except Exception as e:  # noqa: BLE001 - any failure to read it is a damaged checkpoint
         return [f"{store.DCP_METADATA} does not load ({type(e).__name__}: {str(e)[:80]})"]
     try:
-        expected = expected_params(ckpt.config.model, ckpt.config.plan.tp)
+        expected = expected_params(ckpt.config.model, ckpt.config.plan.tp_split)
     except PtdError as e:
         return [f"its manifest's config is invalid: {e}"]
     sdm = md.state_dict_metadata
@@ -267,7 +267,8 @@ def load_into(trainer: Any, ckpt: store.Checkpoint, cfg: TrainConfig, dims: Any)
         set_rng_state(target["rng"][key], dims.device)
     else:
         # a stream per replica, shared by tp peers, as at the start (never the global rank:
-        # tp peers would then draw different masks for the activations they share)
+        # tp peers would then draw different masks for the activations they share; 2-D tp
+        # shares none, its ranks draw their own: ParallelDims.rng_stream)
         dims.seed_rng(cfg.seed, ckpt.step)
     if ckpt.step > 0:
         rebuild_ddp_buckets(trainer.model, dims.device)

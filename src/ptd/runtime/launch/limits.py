@@ -81,8 +81,35 @@ def plan_problem(model: ModelSpec, plan: ParallelPlan, *, compile: bool = False)
     them, and ``ptd train`` refuses them before starting -- so a plan ptd prints or exports
     is one it trains. (What depends on the host -- fp16 needs a GPU, MoE training -- is
     ``ptd.runtime.launch.launcher.check_runtime``'s.)"""
-    return (tp_problem(model, plan) or pp_problem(model, plan, compile=compile)
-            or dp_problem(model, plan) or cp_problem(model, plan))
+    return (tp2d_problem(model, plan, compile=compile) or tp_problem(model, plan)
+            or pp_problem(model, plan, compile=compile) or dp_problem(model, plan)
+            or cp_problem(model, plan))
+
+
+def tp2d_problem(model: ModelSpec, plan: ParallelPlan, *, compile: bool = False) -> str | None:
+    """Why this runtime cannot run ``plan``'s 2-D tensor parallelism, or None (``tp = q^2``
+    and the divisibility by ``q`` are ``ParallelPlan.validate``'s). What runs (tested): 2-D
+    tp alone and with plain data parallelism (zero 0), with recompute; see
+    :mod:`ptd.runtime.parallel.tp2d` and docs/parallelism-cp.md."""
+    if plan.tp_mode != "2d":
+        return None
+    why = None
+    if plan.sp:
+        why = "sequence parallel (2d already splits every activation over the q x q mesh); drop --sp"
+    elif plan.cp > 1:
+        why = "context parallel; use cp 1"
+    elif model.is_moe or plan.ep > 1:
+        why = f"{model.name}: mixture-of-experts layers (their experts are not split in 2-D)"
+    elif plan.zero > 0:
+        why = "ZeRO/FSDP (gradients are averaged over dp by the runner); use zero 0"
+    elif plan.pp > 1:
+        why = "pipeline parallel (stages would exchange 2-D activation blocks); use pp 1"
+    elif model.tied_embeddings:
+        why = (f"{model.name}: tied embeddings (the embedding and the output layer split the "
+               f"vocabulary along different mesh axes); untie them")
+    elif compile:
+        why = "--compile (its explicit collectives are untested under torch.compile)"
+    return None if why is None else f"--tp-mode 2d does not run with {why}"
 
 
 def cp_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:

@@ -136,7 +136,9 @@ class Transformer(nn.Module):
             h = self.norm(h)
         if self.output is not None:
             h = self.output(h)
-            if self.output.out_features > self.spec.vocab_size:
+            # (2-D tensor parallelism's output layer masks its own vocabulary block)
+            if (self.output.out_features > self.spec.vocab_size
+                    and not getattr(self.output, "masks_vocab_padding", False)):
                 h = mask_vocab_padding(h, self.spec.vocab_size)
         return h
 

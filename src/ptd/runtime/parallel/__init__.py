@@ -3,6 +3,7 @@
 Each ``apply_*`` takes the model, its mesh (or group) and the plan, torchtitan style:
 
 * :mod:`.tp`: tensor/sequence parallelism on the ``tp`` sub-mesh;
+* :mod:`.tp2d`: 2-D tensor parallelism (``tp_mode = "2d"``) on the ``q x q`` tp mesh;
 * :mod:`.recompute`: activation checkpointing and ``torch.compile`` per block;
 * :mod:`.fsdp`: ZeRO-1, -2 and -3 (FSDP2) on the ``dp`` sub-mesh;
 * :mod:`.ddp`: DDP (ZeRO-0) on the ``dp`` group, gradient compression hooks, and the
@@ -44,7 +45,10 @@ def parallelize(model: nn.Module, plan: ParallelPlan, dims: ParallelDims, *, see
 
     ``roots``: the pipeline stage modules of this rank when they are not ``model`` itself
     (:class:`~.pp.StageChunk` views sharing its modules); they become the FSDP roots."""
-    if plan.tp > 1:
+    if plan.tp > 1 and plan.tp_mode == "2d":
+        from .tp2d import apply_tp2d
+        apply_tp2d(model, dims.tp2d_mesh, plan)
+    elif plan.tp > 1:
         apply_tp(model, dims.submesh("tp"), plan)
     if plan.ep > 1:
         from .ep import apply_ep

@@ -13,6 +13,7 @@ an in-memory store, so it runs exactly the code path of a distributed run.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -50,6 +51,10 @@ class ParallelDims:
     ep_mesh: DeviceMesh | None = None
     """With expert parallelism: the same ranks as ``(pp, edp, ep, tp)``, dp split as
     ``dp = edp * ep`` with ep innermost (see :mod:`ptd.runtime.parallel.ep`)."""
+    tp2d_mesh: DeviceMesh | None = None
+    """With ``tp_mode = "2d"``: this rank's tensor-parallel ranks as a ``q x q`` mesh, axes
+    ``("tpr", "tpc")``, row-major (tp rank ``r*q + c`` in row ``r``, column ``c``); see
+    :mod:`ptd.runtime.parallel.tp2d`."""
 
     @property
     def coords(self) -> dict[Axis, int]:
@@ -68,7 +73,11 @@ class ParallelDims:
         """Which random stream (dropout masks) this rank draws from: one per pipeline rank,
         data-parallel replica and context-parallel slice, the same for tensor-parallel peers,
         whose replicated activations (the residual stream, the embedding) need the same
-        masks (Megatron-LM seeds its default generator so too)."""
+        masks (Megatron-LM seeds its default generator so too). Under 2-D tensor parallelism
+        no activation is replicated over the tp group (each rank holds its own block), so
+        every rank draws its own stream: shared masks would repeat one pattern in every block."""
+        if self.plan.tp_mode == "2d":
+            return self.rank
         return rng_stream(self.rank, self.plan.tp)
 
     def seed_rng(self, seed: int, step: int = 0) -> None:
@@ -128,7 +137,13 @@ def init_distributed(plan: ParallelPlan, timeout_s: float) -> ParallelDims:
     if plan.ep > 1:
         ranks = torch.arange(world).view(plan.pp, plan.dp // plan.ep, plan.ep, plan.tp)
         ep_mesh = DeviceMesh(device.type, ranks, mesh_dim_names=("pp", "edp", "ep", "tp"))
-    return ParallelDims(plan, rank, world, local_rank, device, mesh, ep_mesh)
+    tp2d_mesh = None
+    if plan.tp_mode == "2d":  # the tp axis unflattened into q x q (tp rank t = r*q + c)
+        q = math.isqrt(plan.tp)
+        ranks = torch.arange(world).view(plan.pp, plan.dp, plan.cp, q, q)
+        full = DeviceMesh(device.type, ranks, mesh_dim_names=("pp", "dp", "cp", "tpr", "tpc"))
+        tp2d_mesh = full["tpr", "tpc"]
+    return ParallelDims(plan, rank, world, local_rank, device, mesh, ep_mesh, tp2d_mesh)
 
 
 def shutdown() -> None:

@@ -53,8 +53,10 @@ class Recovery:
         if ckpt is not None:
             same = restore.load_into(trainer, ckpt, cfg, dims)
             layout = ckpt.manifest["layout"]
+            streams = ("per rank (2-D tp: no activation shared)" if cfg.plan.tp_mode == "2d"
+                       else "per replica (tp peers share a stream)")
             rng = ("RNG states restored" if same else
-                   f"layout changed from {layout.get('plan')}: RNG reseeded per replica (tp peers share a stream)")
+                   f"layout changed from {layout.get('plan')}: RNG reseeded {streams}")
             note(f"ptd: resumed from {ckpt.path} at step {ckpt.step} "
                  f"({time.perf_counter() - t0:.1f} s; {rng})")
             self.resumed_from = str(ckpt.path)

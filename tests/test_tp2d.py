@@ -202,3 +202,24 @@ def test_plan_checks_and_the_one_validator():
         if fmt != "ptd":
             with pytest.raises(PtdError, match="no 2d tensor parallelism"):
                 X.export(e, fmt, hardware="cpu")
+
+
+def test_cost_model_prices_the_2d_shards_by_hand():
+    # tp 4 as 2 x 2 (q = 2); what runtime/parallel/tp2d.py allocates per rank, by hand:
+    # matrices and the token embedding in q x q blocks (/4), norm weights and biases and the
+    # learned positions' hidden over the mesh columns (/2), the vocabulary padded per q
+    # (256 = 128 x 2: no padding; 1-D tp 4 pads it to 512)
+    from ptd.cost import params as P
+    from ptd.specs import ParallelPlan, get_preset
+    plan = ParallelPlan(tp=4, tp_mode="2d", global_batch=8, micro_batch=4, seq_len=64)
+    # tiny (h 64, 8 heads / 4 kv of 8, F 128, SwiGLU, RMSNorm): per block 2 norms 64, q 1024,
+    # k + v 1024, o 1024, w1 + w3 4096, w2 2048 = 9,280; 4 blocks, embedding and output 4,096
+    # each, final norm 32
+    assert P.local_numel(get_preset("tiny"), plan, 0) == 4 * 9280 + 2 * 4096 + 32 == 45_344
+    # tiny-gpt untied (h 64, F 256, GELU, LayerNorm, biases, learned positions): per block two
+    # LayerNorms 128, four attention matrices 4,096, their biases 128, w1 + w2 8,192, their
+    # biases (256 + 64) / 2 = 160 -> 12,704; embedding 4,096, positions 256 x 32 = 8,192,
+    # final LayerNorm 64, output 4,096
+    gpt = get_preset("tiny-gpt").replace(tied_embeddings=False)
+    assert P.local_numel(gpt, plan, 0) == 4 * 12704 + 4096 + 8192 + 64 + 4096 == 67_264
+    assert P.local_numel(get_preset("tiny"), plan.replace(tp_mode="1d"), 0) == 53_824

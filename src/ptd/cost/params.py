@@ -42,11 +42,21 @@ class Param:
     """Vocabulary tensors: dim 0 is padded to a multiple of ``pad x tp`` before the split
     (:meth:`ptd.specs.ModelSpec.padded_vocab`); 0 for every other tensor."""
 
-    def local_shape(self, tp: int) -> tuple[int, ...]:
+    def local_shape(self, tp: int, mode: str = "1d") -> tuple[int, ...]:
+        """This tensor on one tp rank. ``mode`` "2d" (``runtime/parallel/tp2d.py``, tp = q^2):
+        the vocabulary padded per mesh side ``q``; matrices and the token embedding in
+        ``q x q`` blocks; vectors (norms, biases) and the learned position table's hidden
+        dimension split over the ``q`` mesh columns, replicated over the rows."""
         s = list(self.shape)
+        q = math.isqrt(tp) if mode == "2d" else tp
         if self.pad:
-            s[0] = -(-s[0] // (self.pad * tp)) * self.pad * tp
-        if self.tp_dim is not None:
+            s[0] = -(-s[0] // (self.pad * q)) * self.pad * q
+        if mode == "2d":
+            if len(s) == 1 or self.name == "pos_embeddings.weight":
+                s[-1] //= q
+            else:
+                s[0], s[1] = s[0] // q, s[1] // q
+        elif self.tp_dim is not None:
             s[self.tp_dim] //= tp
         return tuple(s)
 
@@ -211,20 +221,20 @@ def rank_params(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> list[Para
 
 
 @lru_cache(maxsize=4096)
-def _numel_of(params: tuple[Param, ...], tp: int) -> int:
-    return sum(_numel(p.local_shape(tp)) for p in params)
+def _numel_of(params: tuple[Param, ...], tp: int, mode: str = "1d") -> int:
+    return sum(_numel(p.local_shape(tp, mode)) for p in params)
 
 
 @memo
-def block_numel(model: ModelSpec, tp: int) -> int:
+def block_numel(model: ModelSpec, tp: int, mode: str = "1d") -> int:
     """Parameters of one block on one tp rank."""
-    return _numel_of(layer_params(model), tp)
+    return _numel_of(layer_params(model), tp, mode)
 
 
 def local_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> int:
     """Parameters on one rank after tensor-parallel and expert-parallel splitting (before any
     ZeRO sharding)."""
-    n = _local_numels(model, layout_key(plan), plan.tp)[pp_rank]
+    n = _local_numels(model, layout_key(plan), plan.tp, plan.tp_mode)[pp_rank]
     return n - moe_cost.ep_missing_numel(model, plan.ep) * layers_per_rank(model, plan)[pp_rank]
 
 
@@ -236,19 +246,20 @@ def ends_of(key: tuple[int, int, bool, int, bool]) -> tuple[int, int]:
 
 
 @memo
-def _local_numels(model: ModelSpec, key: tuple[int, int, bool, int, bool], tp: int) -> tuple[int, ...]:
+def _local_numels(model: ModelSpec, key: tuple[int, int, bool, int, bool], tp: int,
+                  mode: str = "1d") -> tuple[int, ...]:
     """:func:`local_numel` of every pipeline rank (memoised: the planner asks for the same
     layout under many micro-batch, ZeRO and recompute settings)."""
     first_rank, last_rank = ends_of(key)
     layers = layout_layers(model, key)
     out = []
     for r in range(key[0]):
-        n = block_numel(model, tp) * layers[r]
+        n = block_numel(model, tp, mode) * layers[r]
         if r == first_rank:
-            n += _numel_of(first_stage_params(model), tp)
+            n += _numel_of(first_stage_params(model), tp, mode)
         if r == last_rank:
             separate = not model.tied_embeddings or first_rank != last_rank
-            n += _numel_of(last_stage_params(model, separate), tp)
+            n += _numel_of(last_stage_params(model, separate), tp, mode)
         out.append(n)
     return tuple(out)
 
@@ -257,7 +268,7 @@ def max_local_numel(model: ModelSpec, plan: ParallelPlan) -> int:
     """:func:`local_numel` of the pipeline rank with the most parameters."""
     if plan.ep > 1:
         return max(local_numel(model, plan, r) for r in range(plan.pp))
-    return max(_local_numels(model, layout_key(plan), plan.tp))
+    return max(_local_numels(model, layout_key(plan), plan.tp, plan.tp_mode))
 
 
 ZERO12_UNIT_BYTES = 25 * 1024 * 1024  # ptd.runtime.parallel.fsdp.UNIT_BYTES
@@ -271,8 +282,9 @@ def zero12_unit_blocks(model: ModelSpec, tp: int) -> int:
 
 
 @lru_cache(maxsize=8192)
-def _fsdp_numel_of(params: tuple[Param, ...], tp: int, dp: int, dp_rank: int) -> int:
-    return fsdp_numel([p.local_shape(tp) for p in params], dp, dp_rank)
+def _fsdp_numel_of(params: tuple[Param, ...], tp: int, dp: int, dp_rank: int,
+                   mode: str = "1d") -> int:
+    return fsdp_numel([p.local_shape(tp, mode) for p in params], dp, dp_rank)
 
 
 def rank_fsdp_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int, dp_rank: int) -> int:
@@ -280,13 +292,14 @@ def rank_fsdp_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int, dp_rank:
     its own, so the sum goes block by block)."""
     key = layout_key(plan)
     first_rank, last_rank = ends_of(key)
-    tp, dp = plan.tp, plan.dp
-    n = _fsdp_numel_of(layer_params(model), tp, dp, dp_rank) * layout_layers(model, key)[pp_rank]
+    tp, dp, mode = plan.tp, plan.dp, plan.tp_mode
+    n = (_fsdp_numel_of(layer_params(model), tp, dp, dp_rank, mode)
+         * layout_layers(model, key)[pp_rank])
     if pp_rank == first_rank:
-        n += _fsdp_numel_of(first_stage_params(model), tp, dp, dp_rank)
+        n += _fsdp_numel_of(first_stage_params(model), tp, dp, dp_rank, mode)
     if pp_rank == last_rank:
         separate = not model.tied_embeddings or first_rank != last_rank
-        n += _fsdp_numel_of(last_stage_params(model, separate), tp, dp, dp_rank)
+        n += _fsdp_numel_of(last_stage_params(model, separate), tp, dp, dp_rank, mode)
     return n
 
 

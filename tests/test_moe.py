@@ -224,6 +224,71 @@ def test_expert_params_per_rank_under_ep_by_hand():
     assert (p, g, o) == (4 * held, 4 * held, 8 * held)
 
 
+# ZeRO with ep: tiny-moe with 6 experts (uneven over edp), dp 4 = edp 2 x ep 2, zero 3.
+# One block, by hand (hidden 64, 8 heads of 8, 4 kv heads: q 64, kv 32; SwiGLU experts
+# (6, 64, 64) x 3; no biases), each tensor's dim 0 chunked like torch.chunk:
+#   dense over dp 4: norms 64/4 = 16 each, wq and wo 64/4 = 16 rows x 64 = 1024 each, wk and
+#   wv 32/4 = 8 rows x 64 = 512 each -> 16+1024+512+512+1024+16 = 3104; the router (6, 64):
+#   chunks of 2 rows -> dp ranks 0, 1, 2 hold 128 and rank 3 none;
+#   experts: 3 per ep rank, chunked over edp 2 -> edp 0 (dp ranks 0, 1) 2 experts =
+#   3 x 2 x 4096 = 24576, edp 1 (dp ranks 2, 3) 1 expert = 12288.
+# Blocks: [3232+24576, 3232+24576, 3232+12288, 3104+12288] = [27808, 27808, 15520, 15392].
+# Embedding and output (256, 64) -> 64 rows = 4096 each, final norm 16: 8208 more.
+# (Chunking the whole (6, ...) experts over dp 4 instead would give dp rank 2 two experts.)
+EP_ZERO_PLAN = ParallelPlan(dp=4, ep=2, zero=3, global_batch=8, seq_len=64)
+SPEC6 = SPEC.replace(n_experts=6)
+EP_ZERO_BY_HAND = [4 * 27808 + 8208, 4 * 27808 + 8208, 4 * 15520 + 8208, 4 * 15392 + 8208]
+
+
+def test_zero_shards_of_experts_under_ep_by_hand():
+    from ptd.cost.memory import model_state_bytes
+    from ptd.cost.params import rank_fsdp_numel
+    EP_ZERO_PLAN.validate(SPEC6)
+    assert [rank_fsdp_numel(SPEC6, EP_ZERO_PLAN, 0, d) for d in range(4)] == EP_ZERO_BY_HAND
+    # the most loaded rank (dp rank 0) and a given one: fp32 params, grads, AdamW states
+    n = EP_ZERO_BY_HAND[0]
+    assert model_state_bytes(SPEC6, EP_ZERO_PLAN) == (4 * n, 4 * n, 8 * n)
+    n3 = EP_ZERO_BY_HAND[3]
+    assert model_state_bytes(SPEC6, EP_ZERO_PLAN, pp_rank=0, dp_rank=3) == (4 * n3, 4 * n3, 8 * n3)
+    # ZeRO-1/2 under the "ptd" convention hold the same shards
+    for zero in (1, 2):
+        assert rank_fsdp_numel(SPEC6, EP_ZERO_PLAN.replace(zero=zero), 0, 2) == EP_ZERO_BY_HAND[2]
+
+
+def test_runtime_zero_shards_under_ep_are_the_cost_models():
+    """The runtime's FSDP shards (meta model, one fake process group per rank) hold exactly
+    the elements above on every rank, and the experts are 2-D (edp, ep) DTensors."""
+    import contextlib
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import Shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from ptd.runtime.model.moe import GroupedExperts
+    from ptd.runtime.parallel.ep import apply_ep
+    from ptd.runtime.parallel.fsdp import apply_fsdp
+    from ptd.specs.layout import AXES, mesh_shape
+    plan = EP_ZERO_PLAN
+    for rank in range(plan.world_size):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world_size)
+        with contextlib.ExitStack() as stack:
+            stack.callback(dist.destroy_process_group)
+            mesh = init_device_mesh("cpu", mesh_shape(plan), mesh_dim_names=AXES)
+            ep_mesh = DeviceMesh("cpu", torch.arange(4).view(1, 2, 2, 1),
+                                 mesh_dim_names=("pp", "edp", "ep", "tp"))
+            model = build_model(SPEC6, "meta")
+            apply_ep(model, ep_mesh)
+            apply_fsdp(model, mesh["dp"], plan, torch.device("cpu"), ep_mesh=ep_mesh)
+            held = sum(p.to_local().numel() for p in model.parameters())
+            assert held == EP_ZERO_BY_HAND[rank], rank
+            experts = [m for m in model.modules() if isinstance(m, GroupedExperts)]
+            assert len(experts) == 4 and all(isinstance(m, FSDPModule) for m in experts)
+            w1 = experts[0].w1
+            assert w1.device_mesh.mesh_dim_names == ("edp", "ep") and w1.placements[1] == Shard(0)
+            assert w1.shape == (6, 64, 64) and w1.to_local().shape[0] == (2 if rank < 2 else 1)
+
+
 def test_all_to_all_time_counts_and_bytes():
     from ptd.cost.moe import ep_comm_time, ep_group_ranks
     m = get_preset("tiny-moe")
@@ -243,9 +308,13 @@ def test_planner_searches_ep():
     m = get_preset("mixtral-8x7b")
     res = search(m, cluster, 512, 4096, dtype="bf16", fixed={"tp": 1, "pp": 4})
     plans = [e.plan for e in res.ranked]
-    assert {p.ep for p in plans} >= {4, 8}  # ep 2 leaves 23 G expert parameters a rank: no fit
-    assert all(p.zero == 0 and p.dp % p.ep == 0 for p in plans if p.ep > 1)
-    assert res.plans_rejected["expert parallelism runs with ZeRO 0 only"] > 0
+    assert {p.ep for p in plans} >= {2, 4, 8} and all(p.dp % p.ep == 0 for p in plans)
+    # ep 2 leaves a pipeline rank 8 blocks x 4 experts x 3 x 4096 x 14336 = 5.6 G expert
+    # parameters (16 bytes each with AdamW: 90 GB): no fit at zero 0, while
+    # ZeRO shards them over the dp/ep = 8 ranks holding the same experts
+    assert {p.zero for p in plans if p.ep == 2} == {1, 2, 3}
+    assert {p.zero for p in plans if p.ep == 8} == {0, 1, 2, 3}
+    assert not any("ZeRO 0" in why for why in res.plans_rejected)
     fixed = search(m, cluster, 512, 4096, dtype="bf16", fixed={"tp": 1, "pp": 4, "ep": 8})
     assert fixed.ranked and {e.plan.ep for e in fixed.ranked} == {8}
 

@@ -12,7 +12,11 @@ memory predicted from here is the memory measured, byte for byte:
   stages, balancing forward+backward FLOPs with the output layer counted; the first stage
   holds the embeddings, the last the final norm and output layer (a tied output layer is a
   second copy on the last stage when they differ, as Megatron does);
-* ZeRO-1/2/3 (FSDP2) shard each tensor's dim 0 into ``dp`` chunks (``torch.chunk`` sizes).
+* ZeRO-1/2/3 (FSDP2) shard each tensor's dim 0 into ``dp`` chunks (``torch.chunk`` sizes);
+  with expert parallelism the routed experts are first split over ep (``E / ep`` on each
+  rank) and their dim 0 then chunked over the ``dp / ep`` ranks holding the same experts
+  (edp; a rank's index there is ``dp_rank // ep``, :mod:`ptd.runtime.parallel.ep`), every
+  other tensor over dp as without ep.
 """
 
 from __future__ import annotations
@@ -263,11 +267,24 @@ def max_local_numel(model: ModelSpec, plan: ParallelPlan) -> int:
 ZERO12_UNIT_BYTES = 25 * 1024 * 1024  # ptd.runtime.parallel.fsdp.UNIT_BYTES
 
 
-def zero12_unit_blocks(model: ModelSpec, tp: int) -> int:
+def local_block_numel(model: ModelSpec, tp: int, ep: int = 1) -> int:
+    """Parameters of one block on one rank after tp and ep splitting (its experts ``E / ep``):
+    what FSDP gathers for it, its dense part over dp and its experts over edp."""
+    return block_numel(model, tp) - moe_cost.ep_missing_numel(model, ep)
+
+
+def unit_block_numel(model: ModelSpec, tp: int, ep: int = 1) -> int:
+    """Parameters of one block in its dp-sharded FSDP unit: :func:`block_numel`, less the
+    routed experts under ep > 1 (there they are FSDP units of their own, over edp)."""
+    return block_numel(model, tp) - (moe_cost.routed_expert_numel(model) if ep > 1 else 0)
+
+
+def zero12_unit_blocks(model: ModelSpec, tp: int, ep: int = 1) -> int:
     """Blocks per FSDP unit under ZeRO-1/2 (``runtime/parallel/fsdp.py``, ``bucket_blocks``):
-    consecutive blocks until the unit holds 25 MiB of fp32 parameters; a rank's last
-    ``nl % k`` blocks join the root's unit (embeddings, final norm, output layer)."""
-    return max(1, -(-ZERO12_UNIT_BYTES // (4 * block_numel(model, tp))))
+    consecutive blocks until the unit holds 25 MiB of fp32 parameters (under ep > 1 not
+    counting the routed experts, units of their own); a rank's last ``nl % k`` blocks join
+    the root's unit (embeddings, final norm, output layer)."""
+    return max(1, -(-ZERO12_UNIT_BYTES // (4 * unit_block_numel(model, tp, ep))))
 
 
 @lru_cache(maxsize=8192)
@@ -275,13 +292,33 @@ def _fsdp_numel_of(params: tuple[Param, ...], tp: int, dp: int, dp_rank: int) ->
     return fsdp_numel([p.local_shape(tp) for p in params], dp, dp_rank)
 
 
+def is_routed_expert(p: Param) -> bool:
+    """A stacked routed-expert tensor (``feed_forward.experts.*``; not the router, not the
+    shared experts): split over ep by dim 0 (``ptd.runtime.parallel.ep.is_expert_param``)."""
+    return ".experts." in p.name
+
+
+@lru_cache(maxsize=8192)
+def _block_fsdp_numel(params: tuple[Param, ...], tp: int, dp: int, ep: int, dp_rank: int) -> int:
+    """:func:`fsdp_numel` of one block's tensors on ``dp_rank``: with ``ep > 1`` the routed
+    experts' ``(E / ep, ...)`` local tensors chunked over edp (``dp / ep`` ranks, this one's
+    index ``dp_rank // ep``), the rest over dp."""
+    if ep == 1:
+        return _fsdp_numel_of(params, tp, dp, dp_rank)
+    dense = tuple(p for p in params if not is_routed_expert(p))
+    experts = [(p.shape[0] // ep, *p.shape[1:]) for p in params if is_routed_expert(p)]
+    return _fsdp_numel_of(dense, tp, dp, dp_rank) + fsdp_numel(experts, dp // ep, dp_rank // ep)
+
+
 def rank_fsdp_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int, dp_rank: int) -> int:
     """:func:`fsdp_numel` of :func:`rank_params` on ``pp_rank`` (every tensor is chunked on
-    its own, so the sum goes block by block)."""
+    its own, so the sum goes block by block; routed experts under ep: see the module
+    docstring)."""
     key = layout_key(plan)
     first_rank, last_rank = ends_of(key)
     tp, dp = plan.tp, plan.dp
-    n = _fsdp_numel_of(layer_params(model), tp, dp, dp_rank) * layout_layers(model, key)[pp_rank]
+    n = (_block_fsdp_numel(layer_params(model), tp, dp, plan.ep, dp_rank)
+         * layout_layers(model, key)[pp_rank])
     if pp_rank == first_rank:
         n += _fsdp_numel_of(first_stage_params(model), tp, dp, dp_rank)
     if pp_rank == last_rank:

@@ -205,7 +205,9 @@ def make_runner(model: nn.Module, stage_modules: Sequence[nn.Module], stage_ids:
     hooks: list[Callable[[], None]] = []
     if plan.tp > 1 and plan.zero == 0:  # (FSDP reduces tp-partial gradients itself)
         hooks.append(AlignTPGrads(list(model.parameters())))
-    if plan.ep > 1:  # expert gradients over the replicas of the same experts, not all of dp
+    if plan.ep > 1 and plan.zero >= 1:  # FSDP: experts over edp (divided by dp), the rest over dp
+        dp_sync = None
+    elif plan.ep > 1:  # expert gradients over the replicas of the same experts, not all of dp
         from .parallel.ep import EPGradSync
         dp_sync = EPGradSync(model, dims.group("dp"), dims.ep_mesh.get_group("edp"), plan.dp)
     elif plan.cp > 1:  # cp joins dp for gradient averaging (zero 0/1 only: limits.cp_problem)

@@ -14,9 +14,10 @@ memory predicted from here is the memory measured, byte for byte:
   second copy on the last stage when they differ, as Megatron does);
 * ZeRO-1/2/3 (FSDP2) shard each tensor's dim 0 into ``dp`` chunks (``torch.chunk`` sizes);
   with expert parallelism the routed experts are first split over ep (``E / ep`` on each
-  rank) and their dim 0 then chunked over the ``dp / ep`` ranks holding the same experts
-  (edp; a rank's index there is ``dp_rank // ep``, :mod:`ptd.runtime.parallel.ep`), every
-  other tensor over dp as without ep.
+  rank) and then sharded over the ``dp / ep`` ranks holding the same experts (edp; a rank's
+  index there is ``dp_rank // ep``, :mod:`ptd.runtime.parallel.ep`) -- by experts when
+  ``E / ep`` divides by edp, else evenly by dim 1 (:func:`expert_shard_dim`) -- every other
+  tensor over dp as without ep.
 """
 
 from __future__ import annotations
@@ -305,9 +306,29 @@ def _block_fsdp_numel(params: tuple[Param, ...], tp: int, dp: int, ep: int, dp_r
     index ``dp_rank // ep``), the rest over dp."""
     if ep == 1:
         return _fsdp_numel_of(params, tp, dp, dp_rank)
+    edp = dp // ep
     dense = tuple(p for p in params if not is_routed_expert(p))
-    experts = [(p.shape[0] // ep, *p.shape[1:]) for p in params if is_routed_expert(p)]
-    return _fsdp_numel_of(dense, tp, dp, dp_rank) + fsdp_numel(experts, dp // ep, dp_rank // ep)
+    n = _fsdp_numel_of(dense, tp, dp, dp_rank)
+    for p in params:
+        if not is_routed_expert(p):
+            continue
+        local = (p.shape[0] // ep, *p.shape[1:])
+        if expert_shard_dim(p.shape, ep, edp) == 1:  # even: dim 1 divides by edp
+            n += _numel(local) // edp
+        else:
+            n += fsdp_numel([local], edp, dp_rank // ep)
+    return n
+
+
+def expert_shard_dim(shape: tuple[int, ...], ep: int, edp: int) -> int:
+    """The dimension ZeRO shards a routed-expert tensor of ``shape`` ``(E, ...)`` on over the
+    edp ranks (``runtime/parallel/fsdp.py``, ``expert_shard_dim``, the same rule): the
+    experts' when a rank's ``E / ep`` divide evenly over edp, else dim 1 if it divides (even
+    shards rather than whole experts on some ranks and none on others), else the experts'
+    as ``torch.chunk`` splits them."""
+    if (shape[0] // ep) % edp and len(shape) > 1 and shape[1] % edp == 0:
+        return 1
+    return 0
 
 
 def rank_fsdp_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int, dp_rank: int) -> int:

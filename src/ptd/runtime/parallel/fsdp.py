@@ -114,20 +114,38 @@ def shard_experts(model: nn.Module, ep_mesh: DeviceMesh, plan: ParallelPlan,
     parameters become 2-D DTensors over ``(edp, ep)``, ``_StridedShard(0)`` over edp (this
     rank's experts split again by rows, like every FSDP shard) and ``Shard(0)`` over ep.
 
+    Which dimension (:func:`expert_shard_dim`): the experts' (dim 0) when this rank's
+    ``E / ep`` divide evenly over edp, else dim 1 when it does (even shards instead of whole
+    experts on some ranks and none on others: 4 experts over edp 8 would leave half the
+    ranks empty and the others a whole expert each), else dim 0 as ``torch.chunk`` splits it.
+
     Gradients: an expert's gradient on one rank already sums the tokens its ep group sent
     it, so the global-batch mean is the *sum* over edp divided by dp (not the mean over
     edp FSDP takes by default; :class:`~.ep.EPGradSync` at zero 0): the divide factor is
     set to dp. On gloo the reduce-scatter is :class:`AllReduceScatter` dividing by dp."""
+    from torch.distributed.tensor import Shard
     from ..model.moe import GroupedExperts
     edp = ep_mesh["edp"]
+
+    def placement(p: nn.Parameter) -> Shard:
+        return Shard(expert_shard_dim(tuple(p.shape), plan.ep, edp.size()))
     for mod in model.modules():
         if not isinstance(mod, GroupedExperts):
             continue
         fully_shard(mod, mesh=edp, reshard_after_forward=plan.zero >= 3, mp_policy=mp,
-                    offload_policy=offload)
+                    offload_policy=offload, shard_placement_fn=placement)
         mod.set_gradient_divide_factor(float(plan.dp))  # type: ignore[operator]
         if gloo:
             mod.set_custom_reduce_scatter(AllReduceScatter(divide_by=plan.dp))  # type: ignore[operator]
+
+
+def expert_shard_dim(shape: tuple[int, ...], ep: int, edp: int) -> int:
+    """The dimension FSDP shards a stacked expert tensor of global ``shape`` ``(E, ...)`` on
+    over ``edp`` ranks (see :func:`shard_experts`); ``ptd.cost.params.expert_shard_dim``
+    is the same rule."""
+    if (shape[0] // ep) % edp and len(shape) > 1 and shape[1] % edp == 0:
+        return 1
+    return 0
 
 
 UNIT_BYTES = 25 * 1024 * 1024  # DDP's bucket size; ptd.cost.params.ZERO12_UNIT_BYTES

@@ -267,6 +267,7 @@ def test_zero_shards_of_experts_under_ep_by_hand(case):
         assert rank_fsdp_numel(spec, plan.replace(zero=zero), 0, plan.dp - 1) == last
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", list(EP_ZERO_CASES))
 def test_runtime_zero_shards_under_ep_are_the_cost_models(case):
     """The runtime's FSDP shards (meta model, one fake process group per rank) hold exactly

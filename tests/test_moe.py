@@ -224,6 +224,86 @@ def test_expert_params_per_rank_under_ep_by_hand():
     assert (p, g, o) == (4 * held, 4 * held, 8 * held)
 
 
+# ZeRO with ep, by hand (tiny-moe: hidden 64, 8 heads of 8, 4 kv heads: q 64, kv 32; SwiGLU
+# experts (E, 64, 64) x 3, no biases; every dense tensor's dim 0 chunked over dp like
+# torch.chunk; embedding and output (256, 64), final norm (64,)).
+#
+# (a) 6 experts, dp 4 = edp 2 x ep 2: 3 experts a rank do not divide over edp 2, so they are
+#   sharded evenly by dim 1: 3 x 32 x 64 = 6144 a tensor, 18432 a block on every rank.
+#   Dense over dp 4: norms 16 each, wq and wo 16 rows x 64 = 1024 each, wk and wv 8 x 64 = 512
+#   each -> 3104; the router (6, 64) in chunks of 2 rows: 128 on dp ranks 0-2, none on 3.
+#   Blocks [21664, 21664, 21664, 21536]; embedding and output 64 rows = 4096 each, norm 16.
+#   (Chunking by experts would put 2 experts on edp 0 and 1 on edp 1; chunking the whole
+#   (6, ...) over dp 4, 2 experts on dp ranks 0-2 and none on 3.)
+# (b) 8 experts, dp 6 = edp 3 x ep 2: 4 experts a rank do not divide over 3, nor does 64:
+#   chunked by experts, 2, 2 and 0 -> 3 x 2 x 4096 = 24576 on dp ranks 0-3 (edp 0, 1), 0 on
+#   4 and 5 (edp 2). Dense over dp 6 in chunks of ceil(n/6): norms 11 (rank 5: 9), wq and wo
+#   11 rows x 64 = 704 (rank 5: 9 x 64 = 576), wk and wv 6 rows = 384 (rank 5: 2 rows = 128),
+#   router (8, 64) 2 rows = 128 on ranks 0-3 -> 2326 (ranks 0-3), 2198 (4), 1426 (5);
+#   embedding and output 43 rows = 2752 (rank 5: 41 rows = 2624), norm 11 (rank 5: 9).
+SPEC6 = SPEC.replace(n_experts=6)
+EP_ZERO_CASES = {
+    "6-experts-dim1": (SPEC6, ParallelPlan(dp=4, ep=2, zero=3, global_batch=8, seq_len=64),
+                       [4 * 21664 + 8208] * 3 + [4 * 21536 + 8208], 1),
+    "8-experts-dim0": (SPEC, ParallelPlan(dp=6, ep=2, zero=3, global_batch=12, seq_len=64),
+                       [4 * (2326 + 24576) + 2 * 2752 + 11] * 4 + [4 * 2198 + 2 * 2752 + 11,
+                                                                  4 * 1426 + 2 * 2624 + 9], 0),
+}
+
+
+@pytest.mark.parametrize("case", list(EP_ZERO_CASES))
+def test_zero_shards_of_experts_under_ep_by_hand(case):
+    from ptd.cost.memory import model_state_bytes
+    from ptd.cost.params import rank_fsdp_numel
+    spec, plan, by_hand, _ = EP_ZERO_CASES[case]
+    plan.validate(spec)
+    assert [rank_fsdp_numel(spec, plan, 0, d) for d in range(plan.dp)] == by_hand
+    # the most loaded rank (dp rank 0) and a given one: fp32 params, grads, AdamW states
+    n, last = by_hand[0], by_hand[-1]
+    assert model_state_bytes(spec, plan) == (4 * n, 4 * n, 8 * n)
+    assert model_state_bytes(spec, plan, pp_rank=0, dp_rank=plan.dp - 1) == (4 * last, 4 * last, 8 * last)
+    # ZeRO-1/2 under the "ptd" convention hold the same shards
+    for zero in (1, 2):
+        assert rank_fsdp_numel(spec, plan.replace(zero=zero), 0, plan.dp - 1) == last
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", list(EP_ZERO_CASES))
+def test_runtime_zero_shards_under_ep_are_the_cost_models(case):
+    """The runtime's FSDP shards (meta model, one fake process group per rank) hold exactly
+    the elements above on every rank, and the experts are 2-D (edp, ep) DTensors sharded on
+    the dimension worked out above."""
+    import contextlib
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import Shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from ptd.runtime.model.moe import GroupedExperts
+    from ptd.runtime.parallel.ep import apply_ep
+    from ptd.runtime.parallel.fsdp import apply_fsdp
+    from ptd.specs.layout import AXES, mesh_shape
+    spec, plan, by_hand, dim = EP_ZERO_CASES[case]
+    for rank in range(plan.world_size):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world_size)
+        with contextlib.ExitStack() as stack:
+            stack.callback(dist.destroy_process_group)
+            mesh = init_device_mesh("cpu", mesh_shape(plan), mesh_dim_names=AXES)
+            ep_mesh = DeviceMesh("cpu", torch.arange(plan.world_size).view(1, plan.dp // 2, 2, 1),
+                                 mesh_dim_names=("pp", "edp", "ep", "tp"))
+            model = build_model(spec, "meta")
+            apply_ep(model, ep_mesh)
+            apply_fsdp(model, mesh["dp"], plan, torch.device("cpu"), ep_mesh=ep_mesh)
+            held = sum(p.to_local().numel() for p in model.parameters())
+            assert held == by_hand[rank], rank
+            experts = [m for m in model.modules() if isinstance(m, GroupedExperts)]
+            assert len(experts) == 4 and all(isinstance(m, FSDPModule) for m in experts)
+            w1 = experts[0].w1
+            assert w1.device_mesh.mesh_dim_names == ("edp", "ep") and w1.placements[1] == Shard(0)
+            assert w1.placements[0].dim == dim and w1.shape == (spec.n_experts, 64, 64)
+
+
 def test_all_to_all_time_counts_and_bytes():
     from ptd.cost.moe import ep_comm_time, ep_group_ranks
     m = get_preset("tiny-moe")
@@ -243,9 +323,13 @@ def test_planner_searches_ep():
     m = get_preset("mixtral-8x7b")
     res = search(m, cluster, 512, 4096, dtype="bf16", fixed={"tp": 1, "pp": 4})
     plans = [e.plan for e in res.ranked]
-    assert {p.ep for p in plans} >= {4, 8}  # ep 2 leaves 23 G expert parameters a rank: no fit
-    assert all(p.zero == 0 and p.dp % p.ep == 0 for p in plans if p.ep > 1)
-    assert res.plans_rejected["expert parallelism runs with ZeRO 0 only"] > 0
+    assert {p.ep for p in plans} >= {2, 4, 8} and all(p.dp % p.ep == 0 for p in plans)
+    # ep 2 leaves a pipeline rank 8 blocks x 4 experts x 3 x 4096 x 14336 = 5.6 G expert
+    # parameters (16 bytes each with AdamW: 90 GB): no fit at zero 0, while
+    # ZeRO shards them over the dp/ep = 8 ranks holding the same experts
+    assert {p.zero for p in plans if p.ep == 2} == {1, 2, 3}
+    assert {p.zero for p in plans if p.ep == 8} == {0, 1, 2, 3}
+    assert not any("ZeRO 0" in why for why in res.plans_rejected)
     fixed = search(m, cluster, 512, 4096, dtype="bf16", fixed={"tp": 1, "pp": 4, "ep": 8})
     assert fixed.ranked and {e.plan.ep for e in fixed.ranked} == {8}
 

@@ -58,7 +58,6 @@ def test_plan_errors_one_line_exit_2_nothing_started(ptd_cli, no_workers, tmp_pa
     (["--config", "/nonexistent.toml"], "config file not found"),
     (["--data", "/nonexistent/*.txt"], "no file matches"),
     (["--model", "tiny", "--seq-len", "300"], "exceeds"),
-    (["--model", "tiny-moe", "--nproc", "2", "--ep", "2", "--zero", "1"], "zero 0 only"),
     (["--lr", "-1"], "positive number"),
 ])
 def test_runtime_and_flag_errors_one_line(ptd_cli, no_workers, tmp_path, flags, match):

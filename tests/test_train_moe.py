@@ -22,10 +22,15 @@ COMMON = ["--model", "tiny-moe", "--steps", "10", "--global-batch", "8", "--seq-
 RUN_TIMEOUT = 150
 trained = functools.partial(helpers.trained, dump_params=True)
 
-LAYOUTS = [  # (ep 2 on dp 2: test_checkpoints_reshard_across_ep)
+LAYOUTS = [  # (ep 2 on dp 2 with ZeRO-1: test_checkpoints_reshard_across_ep)
     ("ep2-dp4-recompute", ["--nproc", "4", "--ep", "2", "--recompute", "full"]),  # recomputed dispatch
     ("ep2-dp2-pp2", ["--nproc", "4", "--pp", "2", "--ep", "2"]),
     ("ep2-dp2-tp2", ["--nproc", "4", "--tp", "2", "--ep", "2"]),
+    # ZeRO with ep: experts sharded again over the dp/ep = 2 ranks holding them (edp), the
+    # rest over dp 4; gathered per block, expert gradients summed over edp / dp
+    ("ep2-dp4-zero3", ["--nproc", "4", "--ep", "2", "--zero", "3"]),
+    # FSDP roots per pipeline stage with the experts' units inside (edp 1: unsharded experts)
+    ("ep2-dp2-pp2-zero1", ["--nproc", "4", "--pp", "2", "--ep", "2", "--zero", "1"]),
 ]
 
 
@@ -82,7 +87,8 @@ def check_parity(run, reference):
         assert b["moe_imbalance"] > 1.0
         assert a["moe_aux_loss"] == pytest.approx(b["moe_aux_loss"], rel=1e-5 if not f else 1e-3)
         assert a["moe_dropped"] == b["moe_dropped"] == 0
-    # ep runs with zero 0: the runtime's model states are the cost model's, byte for byte
+    # the runtime's model states are the cost model's on every rank, byte for byte (under
+    # ZeRO: experts E/ep = 4 a rank, then chunked over edp; test_moe.py works them by hand)
     assert summary["measured"]["memory"]["model_states_equal_per_rank"] is True
     # the run's routing summary and the report's routing table
     assert summary["moe"]["tokens_per_expert"] == [sum(c) for c in zip(*(r["moe_tokens_per_expert"]
@@ -93,10 +99,12 @@ def check_parity(run, reference):
 
 @pytest.mark.timeout(3 * RUN_TIMEOUT)
 def test_checkpoints_reshard_across_ep(reference, home, tmp_path):
-    """ep 2 on dp 2 (parity, checkpoint at step 5) -> resumed at ep 1 on one process from step
-    5 (checkpoints at 6, 9, 10) -> resumed at ep 2 from step 6: every resumed step's loss is
-    the uninterrupted single process's. DCP reshards the Shard(0) expert DTensors."""
-    run = trained(tmp_path / "ep2", "--nproc", "2", "--ep", "2", "--checkpoint-every", "5",
+    """ep 2 on dp 2 with ZeRO-1 (parity, checkpoint at step 5; experts FSDP units of their
+    own) -> resumed at ep 1 on one process, zero 0, from step 5 (checkpoints at 6, 9, 10) ->
+    resumed at ep 2 with ZeRO-2 from step 6: every resumed step's loss is the uninterrupted
+    single process's. DCP reshards the expert DTensors (2-D (edp, ep) under ZeRO, whole at
+    ep 1)."""
+    run = trained(tmp_path / "ep2", "--nproc", "2", "--ep", "2", "--zero", "1", "--checkpoint-every", "5",
                   home=home, common=COMMON, timeout=RUN_TIMEOUT)
     check_parity(run, reference)
     ref = {r["step"]: r["loss"] for r in records(reference)}
@@ -111,7 +119,8 @@ def test_checkpoints_reshard_across_ep(reference, home, tmp_path):
 
     one = resumed(tmp_path / "ep1", run / "checkpoints" / "step_00000005", "--nproc", "1", "--ep", "1",
                   "--checkpoint-every", "3", "--checkpoint-keep", "3")
-    resumed(tmp_path / "ep2b", one / "checkpoints" / "step_00000006", "--nproc", "2", "--ep", "2")
+    resumed(tmp_path / "ep2b", one / "checkpoints" / "step_00000006", "--nproc", "2", "--ep", "2",
+            "--zero", "2")
 
     # ptd export --format hf of the ep-sharded checkpoint: transformers' MixtralForCausalLM
     # gives ptd's logits

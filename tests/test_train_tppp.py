@@ -59,6 +59,12 @@ LAYOUTS = [
                                    "--schedule", "zero-bubble", "--micro-batch", "1"], 1e-5),
     ("cp2-dp2-zero1", ["--nproc", "4", "--cp", "2", "--dp", "2", "--zero", "1",
                        "--micro-batch", "2"], 1e-5),
+    # ZeRO-2 reduce-scatters over dp at each of the 2 micro-steps (shards accumulate), ZeRO-3
+    # regathers per block; both average the shards over cp once per step
+    ("cp2-dp2-zero2", ["--nproc", "4", "--cp", "2", "--dp", "2", "--zero", "2",
+                       "--micro-batch", "2"], 1e-5),
+    ("cp2-dp2-zero3", ["--nproc", "4", "--cp", "2", "--dp", "2", "--zero", "3",
+                       "--micro-batch", "2"], 1e-5),
     ("pp2-tp2-sp", ["--nproc", "4", "--pp", "2", "--tp", "2", "--sp", "--micro-batch", "2"], 1e-4),
     # context parallel: zig-zag slices, K/V gathered per layer; 1e-5 for all four
     ("cp2", ["--nproc", "2", "--cp", "2", "--micro-batch", "4", *EVAL], 1e-5),

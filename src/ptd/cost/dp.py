@@ -65,10 +65,17 @@ def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
     block once per step (kept until the last backward) and reduce-scatter in the last
     micro-batch's backward (ZeRO-1) or in every micro-batch's (ZeRO-2); under a pipeline
     schedule torch defers every reduce-scatter to the end of the schedule, where it is all
-    exposed."""
+    exposed.
+
+    With expert parallelism a block's routed experts (``E / ep`` of them on a rank) are
+    gathered and reduce-scattered over the ``dp / ep`` ranks holding the same experts (FSDP
+    units of their own, ``runtime/parallel/fsdp.py``, ``shard_experts``); they are priced
+    with the block's collectives over the dp group, as zero 0 prices their all-reduce --
+    an overestimate by at most the ring's ``(dp - 1)/dp`` over ``(dp/ep - 1)/(dp/ep)`` of
+    the experts' bytes, and one collective per block where the runtime runs two."""
     dp_n, dp_nodes, dp_per = group
     hw, m, nl, blk = cluster.hardware, plan.n_microbatches, mbt.nl, mbt.blk
-    block_params = P.block_numel(model, plan.tp)
+    block_params = P.local_block_numel(model, plan.tp, plan.ep)
     ag_block = coll("all_gather", block_params * DTYPE_BYTES[plan.dtype], dp_n, hw, dp_nodes, dp_per)
     # on a CPU (gloo) ptd reduces FSDP's gradients with an all-reduce, which gloo runs faster
     # than its reduce-scatter (runtime/parallel/fsdp.py, AllReduceScatter)
@@ -104,8 +111,8 @@ def _zero12(model: ModelSpec, plan: ParallelPlan, hw: Any, nl: int, blk_f: float
     first unit's and the root's (at the very end) exposed. Under a pipeline torch defers every
     reduce-scatter to the end of the schedule."""
     dp_n, dp_nodes, dp_per = group
-    block = P.block_numel(model, plan.tp)
-    k = P.zero12_unit_blocks(model, plan.tp)
+    block = P.local_block_numel(model, plan.tp, plan.ep)  # (experts with it: see _fsdp)
+    k = P.zero12_unit_blocks(model, plan.tp, plan.ep)
     n_units = nl // k
     root = (nl % k) * block + max(0, P.max_local_numel(model, plan) - nl * block)
 

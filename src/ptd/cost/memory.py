@@ -359,7 +359,7 @@ def buffer_bytes(model: ModelSpec, plan: ParallelPlan, pp_rank: int = 0,
     """
     ab = DTYPE_BYTES[plan.dtype]
     local = P.max_local_numel(model, plan)
-    block = P.block_numel(model, plan.tp)
+    block = P.local_block_numel(model, plan.tp, plan.ep)  # (with its experts, E / ep of them)
     total = 0.0
     if plan.zero == 3:
         total += 2 * block * ab + block * 4
@@ -378,11 +378,14 @@ def buffer_bytes(model: ModelSpec, plan: ParallelPlan, pp_rank: int = 0,
 
 def zero12_largest_unit(model: ModelSpec, plan: ParallelPlan) -> int:
     """Parameters of the largest ZeRO-1/2 FSDP unit without a pipeline (pp = 1): ``k``
-    blocks, or the root's (the ``n_layers % k`` blocks left, embeddings, norm, output)."""
-    block = P.block_numel(model, plan.tp)
-    k, nl = P.zero12_unit_blocks(model, plan.tp), model.n_layers
-    root = P.local_numel(model, plan, 0) - (nl // k) * k * block
-    return max(k * block if nl >= k else 0, root)
+    blocks, or the root's (the ``n_layers % k`` blocks left, embeddings, norm, output), or
+    under ep > 1 one layer's ``E / ep`` routed experts (a unit of their own; the blocks'
+    units then hold the rest of each block)."""
+    block = P.unit_block_numel(model, plan.tp, plan.ep)
+    k, nl = P.zero12_unit_blocks(model, plan.tp, plan.ep), model.n_layers
+    experts = (P.local_block_numel(model, plan.tp, plan.ep) - block) if plan.ep > 1 else 0
+    root = P.local_numel(model, plan, 0) - (nl // k) * k * block - nl * experts
+    return max(k * block if nl >= k else 0, root, experts)
 
 
 def zero12_full_grads(plan: ParallelPlan) -> bool:

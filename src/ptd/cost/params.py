@@ -12,7 +12,12 @@ memory predicted from here is the memory measured, byte for byte:
   stages, balancing forward+backward FLOPs with the output layer counted; the first stage
   holds the embeddings, the last the final norm and output layer (a tied output layer is a
   second copy on the last stage when they differ, as Megatron does);
-* ZeRO-1/2/3 (FSDP2) shard each tensor's dim 0 into ``dp`` chunks (``torch.chunk`` sizes).
+* ZeRO-1/2/3 (FSDP2) shard each tensor's dim 0 into ``dp`` chunks (``torch.chunk`` sizes);
+  with expert parallelism the routed experts are first split over ep (``E / ep`` on each
+  rank) and then sharded over the ``dp / ep`` ranks holding the same experts (edp; a rank's
+  index there is ``dp_rank // ep``, :mod:`ptd.runtime.parallel.ep`) -- by experts when
+  ``E / ep`` divides by edp, else evenly by dim 1 (:func:`expert_shard_dim`) -- every other
+  tensor over dp as without ep.
 """
 
 from __future__ import annotations
@@ -274,11 +279,24 @@ def max_local_numel(model: ModelSpec, plan: ParallelPlan) -> int:
 ZERO12_UNIT_BYTES = 25 * 1024 * 1024  # ptd.runtime.parallel.fsdp.UNIT_BYTES
 
 
-def zero12_unit_blocks(model: ModelSpec, tp: int) -> int:
+def local_block_numel(model: ModelSpec, tp: int, ep: int = 1) -> int:
+    """Parameters of one block on one rank after tp and ep splitting (its experts ``E / ep``):
+    what FSDP gathers for it, its dense part over dp and its experts over edp."""
+    return block_numel(model, tp) - moe_cost.ep_missing_numel(model, ep)
+
+
+def unit_block_numel(model: ModelSpec, tp: int, ep: int = 1) -> int:
+    """Parameters of one block in its dp-sharded FSDP unit: :func:`block_numel`, less the
+    routed experts under ep > 1 (there they are FSDP units of their own, over edp)."""
+    return block_numel(model, tp) - (moe_cost.routed_expert_numel(model) if ep > 1 else 0)
+
+
+def zero12_unit_blocks(model: ModelSpec, tp: int, ep: int = 1) -> int:
     """Blocks per FSDP unit under ZeRO-1/2 (``runtime/parallel/fsdp.py``, ``bucket_blocks``):
-    consecutive blocks until the unit holds 25 MiB of fp32 parameters; a rank's last
-    ``nl % k`` blocks join the root's unit (embeddings, final norm, output layer)."""
-    return max(1, -(-ZERO12_UNIT_BYTES // (4 * block_numel(model, tp))))
+    consecutive blocks until the unit holds 25 MiB of fp32 parameters (under ep > 1 not
+    counting the routed experts, units of their own); a rank's last ``nl % k`` blocks join
+    the root's unit (embeddings, final norm, output layer)."""
+    return max(1, -(-ZERO12_UNIT_BYTES // (4 * unit_block_numel(model, tp, ep))))
 
 
 @lru_cache(maxsize=8192)
@@ -287,13 +305,53 @@ def _fsdp_numel_of(params: tuple[Param, ...], tp: int, dp: int, dp_rank: int,
     return fsdp_numel([p.local_shape(tp, mode) for p in params], dp, dp_rank)
 
 
+def is_routed_expert(p: Param) -> bool:
+    """A stacked routed-expert tensor (``feed_forward.experts.*``; not the router, not the
+    shared experts): split over ep by dim 0 (``ptd.runtime.parallel.ep.is_expert_param``)."""
+    return ".experts." in p.name
+
+
+@lru_cache(maxsize=8192)
+def _block_fsdp_numel(params: tuple[Param, ...], tp: int, dp: int, ep: int, dp_rank: int,
+                      mode: str = "1d") -> int:
+    """:func:`fsdp_numel` of one block's tensors on ``dp_rank``: with ``ep > 1`` the routed
+    experts' ``(E / ep, ...)`` local tensors chunked over edp (``dp / ep`` ranks, this one's
+    index ``dp_rank // ep``), the rest over dp."""
+    if ep == 1:
+        return _fsdp_numel_of(params, tp, dp, dp_rank, mode)
+    edp = dp // ep
+    dense = tuple(p for p in params if not is_routed_expert(p))
+    n = _fsdp_numel_of(dense, tp, dp, dp_rank, mode)
+    for p in params:
+        if not is_routed_expert(p):
+            continue
+        local = (p.shape[0] // ep, *p.shape[1:])
+        if expert_shard_dim(p.shape, ep, edp) == 1:  # even: dim 1 divides by edp
+            n += _numel(local) // edp
+        else:
+            n += fsdp_numel([local], edp, dp_rank // ep)
+    return n
+
+
+def expert_shard_dim(shape: tuple[int, ...], ep: int, edp: int) -> int:
+    """The dimension ZeRO shards a routed-expert tensor of ``shape`` ``(E, ...)`` on over the
+    edp ranks (``runtime/parallel/fsdp.py``, ``expert_shard_dim``, the same rule): the
+    experts' when a rank's ``E / ep`` divide evenly over edp, else dim 1 if it divides (even
+    shards rather than whole experts on some ranks and none on others), else the experts'
+    as ``torch.chunk`` splits them."""
+    if (shape[0] // ep) % edp and len(shape) > 1 and shape[1] % edp == 0:
+        return 1
+    return 0
+
+
 def rank_fsdp_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int, dp_rank: int) -> int:
     """:func:`fsdp_numel` of :func:`rank_params` on ``pp_rank`` (every tensor is chunked on
-    its own, so the sum goes block by block)."""
+    its own, so the sum goes block by block; routed experts under ep: see the module
+    docstring)."""
     key = layout_key(plan)
     first_rank, last_rank = ends_of(key)
     tp, dp, mode = plan.tp, plan.dp, plan.tp_mode
-    n = (_fsdp_numel_of(layer_params(model), tp, dp, dp_rank, mode)
+    n = (_block_fsdp_numel(layer_params(model), tp, dp, plan.ep, dp_rank, mode)
          * layout_layers(model, key)[pp_rank])
     if pp_rank == first_rank:
         n += _fsdp_numel_of(first_stage_params(model), tp, dp, dp_rank, mode)

@@ -100,6 +100,10 @@ def moe_notes(e: Estimate) -> list[str]:
     if m.n_shared_experts:
         notes.append(f"{m.n_shared_experts} shared expert(s): DeepSpeed's MoE(use_residual=True) "
                      f"holds one, as a residual MLP mixed by a learned coefficient")
+    if p.zero == 3:
+        notes.append("ZeRO-3 with DeepSpeed's MoE layer: its engine has asserted 'MoE not "
+                     "supported with Stage 3' (DeepSpeed issue #2870, open); ptd shards the "
+                     "experts over dp/ep under ZeRO-3, DeepSpeed may need zero 2")
     return notes
 
 

@@ -62,7 +62,6 @@ SP_SEQ = "sequence parallel needs seq_len divisible by tp"
 FEW_MICROBATCHES = "fewer micro-batches than pipeline stages"
 OFFLOAD_ZERO = "offload needs ZeRO 3"
 COMPRESSION_ZERO = "gradient compression needs ZeRO 0"
-EP_ZERO = "expert parallelism runs with ZeRO 0 only"
 NO_FIT = "does not fit in memory"
 CP_SEQ = "cp needs seq_len divisible by 2*cp (zig-zag chunks)"
 CP_DEVICES = "cp does not divide the devices"
@@ -398,9 +397,6 @@ class _Walk:
                     self.reject(why, len(rces), dict(mdims, sp=sp, zero=zero))
                     continue
                 for rc, ep in rces:
-                    if ep > 1 and zero:
-                        self.reject(EP_ZERO, 1, dict(mdims, sp=sp, zero=zero, recompute=rc))
-                        continue
                     plan = ParallelPlan(
                         dp=dp, tp=tp, pp=pp, cp=layout.get("cp", 1), vpp=vpp, zero=zero, sp=sp,
                         micro_batch=mb, global_batch=gb, seq_len=res.seq_len, recompute=rc,

@@ -209,16 +209,22 @@ def make_runner(model: nn.Module, stage_modules: Sequence[nn.Module], stage_ids:
     hooks: list[Callable[[], None]] = []
     if plan.tp > 1 and plan.zero == 0:  # (FSDP reduces tp-partial gradients itself)
         hooks.append(AlignTPGrads(list(model.parameters())))
-    if plan.ep > 1:  # expert gradients over the replicas of the same experts, not all of dp
+    if plan.ep > 1 and plan.zero >= 1:  # FSDP: experts over edp (divided by dp), the rest over dp
+        dp_sync = None
+    elif plan.ep > 1:  # expert gradients over the replicas of the same experts, not all of dp
         from .parallel.ep import EPGradSync
         dp_sync = EPGradSync(model, dims.group("dp"), dims.ep_mesh.get_group("edp"), plan.dp)
-    elif plan.cp > 1:  # cp joins dp for gradient averaging (zero 0/1 only: limits.cp_problem)
+    elif plan.cp > 1:  # cp joins dp for gradient averaging
         from .parallel.cp import SplitSequences, dp_cp_group
         from .parallel.ddp import GradAllReduce
         params = [p for p in model.parameters() if p.requires_grad]
         if plan.zero == 0:
             dp_sync = GradAllReduce(params, dp_cp_group(plan), plan.dp * plan.cp)
-        else:  # FSDP averaged the shards over dp; the cp slices of a replica average them
+        else:
+            # ZeRO-1/2/3: FSDP averaged the gradients over dp into shards (ZeRO-2 at every
+            # micro-step, the shards accumulating); cp peers hold the same shard of the same
+            # parameters, so averaging the accumulated shards over cp once per step -- linear --
+            # gives the mean over dp x cp, whatever the stage
             dp_sync = GradAllReduce(params, dims.group("cp"), plan.cp)
     else:
         dp_sync = dp_grad_sync(model, plan, dims.group("dp"))

@@ -71,9 +71,6 @@ def check_runtime(cfg: TrainConfig, nproc: int, this_host: bool = True) -> None:
                        "(their gradients are averaged over dp by the runner); use none")
     if plan.ep > 1 and plan.grad_compression != "none":
         raise PtdError("gradient compression hooks need DDP, which ep > 1 does not use; use none")
-    if plan.ep > 1 and plan.zero > 0:
-        raise PtdError(f"ep {plan.ep} runs with zero 0 only (expert and dense gradients are "
-                       f"averaged over different groups; docs/moe.md)")
     gpus = gpu_count()
     if plan.dtype == "fp16" and not gpus:
         raise PtdError("fp16 needs a CUDA GPU (loss scaling); use --dtype bf16 on CPU")

@@ -120,8 +120,6 @@ def cp_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
     if model.position == "learned":
         return (f"{model.name}: context parallel needs RoPE positions (each rank rotates its "
                 f"tokens by their global positions); learned position embeddings are not wired")
-    if plan.zero >= 2:
-        return "context parallel runs with zero 0 or 1 (gradients averaged over dp*cp explicitly)"
     if plan.ep > 1:
         return "context parallel with expert parallel is not supported yet; use one of them"
     if model.dropout > 0:

@@ -61,7 +61,8 @@ def parallelize(model: nn.Module, plan: ParallelPlan, dims: ParallelDims, *, see
     if compile:
         apply_compile(model)
     if plan.zero >= 1:
-        apply_fsdp(model, dims.submesh("dp"), plan, dims.device, roots=roots)
+        apply_fsdp(model, dims.submesh("dp"), plan, dims.device, roots=roots,
+                   ep_mesh=dims.ep_mesh if plan.ep > 1 else None)
         init_device = torch.device("cpu") if plan.offload else dims.device
         return materialize(model, init_device, seed, roots=roots)
     materialize(model, dims.device, seed)

@@ -28,7 +28,9 @@ Gradients (:class:`EPGradSync`; no DDP, which cannot hold DTensors): non-expert 
 are averaged over all ``dp`` replicas as usual. An expert's gradient on one rank already sums
 the contributions of the tokens of its whole ep group (they were sent to it), so it is summed
 over the ``dp/ep`` ranks holding the same experts and divided by ``dp`` -- the mean over the
-global batch, as for every other parameter.
+global batch, as for every other parameter. Under ZeRO-1/2/3 FSDP does the same instead:
+each layer's experts are an FSDP unit over the edp axis with the divide factor ``dp``
+(:func:`ptd.runtime.parallel.fsdp.shard_experts`).
 """
 
 from __future__ import annotations

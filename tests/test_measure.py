@@ -84,25 +84,26 @@ def test_pipeline_stage_waiting_in_the_loss_all_reduce_is_bubble():
 
 def test_expert_and_context_exchanges_get_their_own_parts():
     """All-to-alls inside forward/backward are the experts' dispatch and combine (ep_comm)
-    when ep > 1; all-gathers there are cp's K/V exchange (cp_comm) when cp > 1 without
-    FSDP, FSDP's gathers (dp_comm_exposed) with it, and tensor parallel's otherwise."""
+    when ep > 1; sends and receives there are cp's ring (cp_comm) when cp > 1 without a
+    pipeline, the pipeline's (pp_comm) with one; all-gathers are tensor parallel's, or
+    FSDP's under ZeRO."""
     from types import SimpleNamespace
 
     from ptd.summary.compare import cost_view
-    by_phase = {"forward": {"all_to_all": 3.0, "all_gather": 5.0},
-                "backward": {"all_to_all": 7.0, "all_gather": 11.0}}
+    by_phase = {"forward": {"all_to_all": 3.0, "all_gather": 5.0, "send": 0.5, "recv": 1.5},
+                "backward": {"all_to_all": 7.0, "all_gather": 11.0, "send": 2.0}}
 
     def view(**kw):
         return cost_view({}, by_phase, SimpleNamespace(**{"pp": 1, "tp": 1, "zero": 0, "ep": 1,
                                                           "cp": 1, **kw}))
     ep = view(ep=2)
-    assert (ep["ep_comm"], ep["cp_comm"], ep["tp_comm"]) == (10.0, 0.0, 16.0)
+    assert (ep["ep_comm"], ep["cp_comm"], ep["tp_comm"], ep["pp_comm"]) == (10.0, 0.0, 16.0, 4.0)
     cp = view(cp=2)
-    assert (cp["ep_comm"], cp["cp_comm"], cp["dp_comm_exposed"]) == (0.0, 16.0, 10.0)
-    cp_fsdp = view(cp=2, zero=1)
-    assert (cp_fsdp["cp_comm"], cp_fsdp["dp_comm_exposed"]) == (0.0, 26.0)
+    assert (cp["ep_comm"], cp["cp_comm"], cp["pp_comm"], cp["dp_comm_exposed"]) == (0.0, 4.0, 0.0, 10.0)
+    cp_pp = view(cp=2, pp=2, zero=1)
+    assert (cp_pp["cp_comm"], cp_pp["pp_comm"], cp_pp["dp_comm_exposed"]) == (0.0, 4.0, 26.0)
     both = view(ep=2, cp=2)
-    assert (both["ep_comm"], both["cp_comm"]) == (10.0, 16.0)
+    assert (both["ep_comm"], both["cp_comm"]) == (10.0, 4.0)
 
 
 def test_mean_of_breakdowns_is_part_by_part():

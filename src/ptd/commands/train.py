@@ -52,7 +52,7 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="MoE expert capacity factor (default: dropless)")
     g.add_argument("--cp", type=positive_int,
                    help="context-parallel degree: each sequence split zig-zag over cp ranks, "
-                        "K/V gathered per layer (seq-len divisible by 2*cp; RoPE)")
+                        "K/V passed around a ring per layer (seq-len divisible by 2*cp; RoPE)")
     g.add_argument("--vpp", type=positive_int, help="virtual pipeline stages per rank")
     g.add_argument("--sp", action="store_true", default=None,
                    help="sequence parallel (norms sharded along the sequence; needs tp > 1)")

@@ -11,9 +11,10 @@ work:
 * causal attention per rank is ``1/cp`` of the whole sequence's (each local query sees on
   average half of the whole sequence's keys), not the ``1/cp^2`` the local length alone
   would give: :func:`cp_terms` adds the difference;
-* K and V are exchanged once per layer forward (all-gather of the whole sequence's K and V,
-  ``2 b s d_kv / tp`` elements: the bytes of a ring's ``cp - 1`` steps) and their gradients
-  once backward (reduce-scatter, the same bytes). In a ring each of the ``cp - 1`` transfers
+* K and V pass around the cp ring once per layer forward (``runtime/parallel/cp.py``:
+  ``cp - 1`` neighbour steps, what a ring all-gather of the whole sequence's K and V --
+  ``2 b s d_kv / tp`` elements -- does, so priced as one) and their gradients once backward
+  (the reverse ring: a reduce-scatter's bytes). In a ring each of the ``cp - 1`` transfers
   runs while the current block pair computes (Liu et al. 2023, "Ring Attention", section
   3), so per layer the exposed time is ``(cp-1) max(0, t_comm/(cp-1) - t_attn/cp)``;
 * activations per rank are those of ``s / cp`` tokens (flash attention keeps no ``s x s``

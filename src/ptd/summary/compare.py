@@ -22,9 +22,9 @@ tp_comm             exposed collectives inside forward/backward when tp > 1 (all
 pp_comm             exposed sends (and receive launches) of the pipeline
 ep_comm             exposed all-to-alls inside forward/backward when ep > 1 (the
                     experts' token dispatch and combine)
-cp_comm             exposed all-gathers inside forward/backward when cp > 1 and zero is 0
-                    (the K/V exchange; with FSDP its all-gathers are not told apart
-                    from FSDP's, and count as dp_comm_exposed)
+cp_comm             exposed sends and receives inside forward/backward when cp > 1 and
+                    pp is 1 (the ring's K/V steps; with a pipeline they are not told
+                    apart from its transfers, and count as pp_comm)
 dp_comm_exposed     exposed collectives of the gradient reduction: DDP's bucket
                     all-reduces, FSDP's all-gathers and reduce-scatters, the runner's
                     explicit gradient average (with its packing copies)
@@ -86,11 +86,9 @@ def cost_view(parts: dict[str, float], by_phase: dict[str, dict[str, float]], pl
         for kind, t in kinds.items():
             if phase in ("forward", "backward", "backward_w", "recompute", "schedule"):
                 if kind in ("send", "recv"):
-                    dest = "pp_comm"
+                    dest = "cp_comm" if plan.cp > 1 and plan.pp == 1 else "pp_comm"
                 elif kind == "all_to_all" and plan.ep > 1:
                     dest = "ep_comm"
-                elif kind == "all_gather" and plan.cp > 1 and plan.zero == 0:
-                    dest = "cp_comm"
                 elif kind in ("all_gather", "reduce_scatter"):
                     dest = "dp_comm_exposed" if plan.zero >= 1 else "tp_comm"  # FSDP's
                 elif kind in ("all_reduce", "wait"):

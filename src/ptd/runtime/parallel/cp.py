@@ -10,13 +10,15 @@ under the causal mask every rank then does the same attention work.
 Attention (:class:`CPAttention`, hooked into :class:`ptd.runtime.model.layers.Attention`):
 
 * RoPE rotates each token by its *global* position;
-* K and V are all-gathered over the cp group once per layer (Llama 3's all-gather CP; on
-  gloo simpler than a ring and the same arithmetic), with an autograd function whose
-  backward sums the K/V gradients of all ranks and keeps this rank's slice;
+* ring attention: K and V (stacked, one message) pass around the cp group in ``cp - 1``
+  steps (:class:`_RingShift`, send to the next rank, receive from the previous; in backward
+  the K/V gradients travel the other way, accumulating every rank's contribution on the
+  way home), so at step ``j`` a rank holds the K/V of rank ``rank - j``;
 * each local query chunk ``a`` attends to the global K/V chunks ``b <= a`` one block pair
-  at a time -- ``b < a`` unmasked, ``b == a`` with the causal triangle, ``b > a`` skipped,
-  exactly the blocks a ring would compute -- in fp32 with an explicit softmax that also
-  returns its log-sum-exp; the partial outputs are merged by log-sum-exp weights
+  at a time -- ``b < a`` unmasked, ``b == a`` with the causal triangle, ``b > a`` skipped
+  (with the zig-zag split every ring step brings each rank some work) -- in fp32 with an
+  explicit softmax that also returns its log-sum-exp; the partial outputs are merged by
+  log-sum-exp weights
   (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"; Liu et al. 2023,
   "Ring Attention", section 3).
 
@@ -52,23 +54,28 @@ def split_sequence(x: torch.Tensor, cp: int, rank: int) -> torch.Tensor:
     return torch.cat([chunks[rank], chunks[2 * cp - 1 - rank]], dim=1).contiguous()
 
 
-class _GatherSeq(torch.autograd.Function):
-    """All-gather along the sequence over the cp group (rank order); backward: the sum of
-    every rank's gradient of the gathered tensor, this rank's slice of it (all-reduce then
-    slice: gloo has no reduce-scatter)."""
+class _RingShift(torch.autograd.Function):
+    """One step of the ring: send ``x`` to the next rank of the cp group and return what the
+    previous rank sent (``batch_isend_irecv``: both posted at once, so no rank waits on
+    another's send). Backward: the gradient travels the other way round."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup, rank: int, size: int) -> torch.Tensor:
-        ctx.group, ctx.rank, ctx.n = group, rank, x.shape[1]
-        parts = [torch.empty_like(x) for _ in range(size)]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=1)
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup, nxt: int, prev: int) -> torch.Tensor:
+        ctx.group, ctx.nxt, ctx.prev = group, nxt, prev
+        return _exchange(x, group, to=nxt, frm=prev)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad[:, ctx.rank * ctx.n:(ctx.rank + 1) * ctx.n], None, None, None
+        return _exchange(grad, ctx.group, to=ctx.prev, frm=ctx.nxt), None, None, None
+
+
+def _exchange(x: torch.Tensor, group: dist.ProcessGroup, to: int, frm: int) -> torch.Tensor:
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    ops = [dist.P2POp(dist.isend, x, to, group), dist.P2POp(dist.irecv, out, frm, group)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    return out
 
 
 def _block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
@@ -93,6 +100,8 @@ class CPAttention:
 
     def __init__(self, group: dist.ProcessGroup, rank: int, size: int) -> None:
         self.group, self.rank, self.size = group, rank, size
+        # global ranks of the group's members (point-to-point ops name global ranks)
+        self.ranks = [dist.get_global_rank(group, i) for i in range(size)] if size > 1 else [0]
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
@@ -104,18 +113,22 @@ class CPAttention:
             pos = zigzag_positions(n, cp, self.rank, q.device)
             cos, sin = rope[0][pos], rope[1][pos]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_all = _GatherSeq.apply(k, self.group, self.rank, cp)
-        v_all = _GatherSeq.apply(v, self.group, self.rank, cp)
+        held = {self.rank: torch.stack([k, v])}  # K/V by the cp rank they came from
+        cur = held[self.rank]
+        for j in range(1, cp):
+            cur = _RingShift.apply(cur, self.group, self.ranks[(self.rank + 1) % cp],
+                                   self.ranks[(self.rank - 1) % cp])
+            held[(self.rank - j) % cp] = cur
         rep = q.shape[2] // k.shape[2]  # grouped-query attention: kv head i // rep
-        k_all, v_all = (t.repeat_interleave(rep, dim=2) if rep > 1 else t for t in (k_all, v_all))
         c, acc = n // 2, torch.promote_types(q.dtype, torch.float32)  # at least fp32 softmax
         # global chunk g sits on rank min(g, 2cp-1-g), in its first half if g < cp
         kc, vc = [], []
         for g in range(2 * cp):
             r, half = (g, 0) if g < cp else (2 * cp - 1 - g, 1)
-            sl = slice(r * n + half * c, r * n + (half + 1) * c)
-            kc.append(k_all[:, sl].transpose(1, 2).to(acc))
-            vc.append(v_all[:, sl].transpose(1, 2).to(acc))
+            kv = held[r][:, :, half * c:(half + 1) * c]
+            kv = kv.repeat_interleave(rep, dim=3) if rep > 1 else kv
+            kc.append(kv[0].transpose(1, 2).to(acc))
+            vc.append(kv[1].transpose(1, 2).to(acc))
         out = []
         for half, g in enumerate((self.rank, 2 * cp - 1 - self.rank)):
             qa = q[:, half * c:(half + 1) * c].transpose(1, 2).to(acc)

@@ -5,6 +5,7 @@ that measured values are positive and finite, orderings that must hold, and that
 model reads the profile.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -16,7 +17,8 @@ import pytest
 
 from ptd.runtime.calibrate.fit import fit_linear
 from ptd.runtime.calibrate.profile import attention_flops, profile_table, summarize
-from ptd.specs import get_hardware_preset, load_hardware
+from ptd.runtime.calibrate.workers import make_plan, stage_labels
+from ptd.specs import get_hardware_preset, get_preset, load_hardware
 from ptd.specs.hardware import hardware_from_dict
 
 
@@ -127,6 +129,56 @@ def test_shape_sweep_is_stored_relative_to_the_fitted_rate():
     assert hw.gemm_shapes_measured == {"fp32": {"64x32x64": pytest.approx(0.5, rel=1e-6)}}
 
 
+def test_attention_shapes_are_stored_relative_to_the_fitted_rate():
+    plan, results = _synthetic()
+    # a model's own attention (head 8) at 6 GFLOP/s on one worker whose R is 60e9: 0.1; the
+    # default shape ran at R/2 (_synthetic): 0.5; the 2-worker default shape is not stored
+    key = "16x8x128x8"
+    results[0]["compute"]["1"]["attention_model"] = {"fp32": {key: attention_flops(key) / 6e9}}
+    s = summarize(plan, results)
+    assert s["attention_shapes"]["fp32"] == {"2x2x64x16": pytest.approx(0.5, rel=1e-6),
+                                             key: pytest.approx(0.1, rel=1e-6)}
+    assert s["attention_ratio"] == pytest.approx(0.5, rel=1e-6)  # the default shapes only
+    hw = hardware_from_dict(profile_table(s, get_hardware_preset("cpu"), "synth", "cpu", None,
+                                          "test"), "synth")
+    assert hw.attention_shapes_measured["fp32"][key] == pytest.approx(0.1, rel=1e-6)
+
+
+def test_attention_fraction_by_head_dimension_and_sequence_by_hand():
+    from ptd.cost.compute import attention_fraction
+    hw = dataclasses.replace(get_hardware_preset("cpu"), attention_efficiency=0.3,
+                             attention_shapes_measured={"fp32": {
+                                 "16x8x128x8": 0.05, "4x8x512x8": 0.15, "4x8x256x32": 0.4}})
+    assert attention_fraction(hw, "fp32", 8, 128) == 0.05
+    assert attention_fraction(hw, "fp32", 8, 256) == pytest.approx(0.10)  # half-way in log2 s
+    assert attention_fraction(hw, "fp32", 8, 64) == 0.05      # below the shortest: its value
+    assert attention_fraction(hw, "fp32", 8, 4096) == 0.15    # beyond the longest: its value
+    assert attention_fraction(hw, "fp32", 32, 2048) == 0.4    # one length measured
+    assert attention_fraction(hw, "fp32", 16, 256) == 0.3     # head 16 not measured
+    assert attention_fraction(hw, "bf16", 8, 128) == 0.3      # nor bf16
+
+
+def test_small_heads_price_attention_at_their_measured_rate():
+    # the same block with and without head 8 measured at 0.05 of R (the preset's 0.3 else):
+    # the attention core, compute-bound at these sizes, takes 6 times as long
+    from ptd.cost.compute import block_time
+    spec = get_preset("tiny")
+    base = dataclasses.replace(get_hardware_preset("cpu"), attention_efficiency=0.3)
+    slow = dataclasses.replace(base, attention_shapes_measured={"fp32": {"4x8x2048x8": 0.05}})
+    a = block_time(spec, base, 2048, 1, 1, False, "fp32", 1e11)
+    b = block_time(spec, slow, 2048, 1, 1, False, "fp32", 1e11)
+    assert b.attention_forward == pytest.approx(6 * a.attention_forward)
+
+
+def test_calibrate_model_measures_its_attention_shapes():
+    from ptd.commands.calibrate import model_attention_shapes
+    # tiny: 8 heads of 8, max_seq_len 256 -> sequence 128 and its longest, ~2048 tokens each
+    assert model_attention_shapes("tiny", 2048) == [(16, 8, 128, 8), (8, 8, 256, 8)]
+    plan = make_plan([1, 2], ["fp32"], False, "cpu", None, model_attention_shapes("tiny", 2048))
+    assert plan["attn_model_shapes"] == [(16, 8, 128, 8), (8, 8, 256, 8)]
+    assert "attention shapes fp32" in stage_labels(plan)
+
+
 # ------------------------------------------------------------------ command line
 @pytest.mark.parametrize("argv", [
     ["--workers", "0"], ["--workers", "9"], ["--workers", "1,x"], ["--dtypes", "int8"],
@@ -234,3 +286,13 @@ def test_estimate_uses_the_calibrated_profile(calibrated, ptd_cli, monkeypatch):
     assert by_name["hardware"] == "testbox"
     assert by_name["step_time_s"]["total"] != preset["step_time_s"]["total"]
     assert by_name["step_time_s"]["dp_comm_total"] != preset["step_time_s"]["dp_comm_total"]
+
+
+@pytest.mark.parametrize("table,match", [
+    ({"fp32": {"16x8x128x8": -0.1}}, "must be a positive number"),
+    ({"fp32": {"16x8x128x8": "fast"}}, "must be a table of dtype tables"),
+])
+def test_bad_attention_shapes_in_a_profile_are_refused(table, match):
+    from ptd.errors import PtdError
+    with pytest.raises(PtdError, match=match):
+        hardware_from_dict({"preset": "cpu", "attention_shapes_measured": table}, "bad")

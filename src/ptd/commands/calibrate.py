@@ -61,7 +61,8 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="small sizes, few repeats, no shape sweep (~15 s)")
     p.add_argument("--model", help="also measure this model's own matmul shapes (one block and "
-                   "the output layer at --tokens rows, tp 1)")
+                   "the output layer at --tokens rows, tp 1) and attention shapes (its heads "
+                   "at sequence lengths 128, 512, 2048 and its longest)")
     p.add_argument("--tokens", type=positive_int, default=4096,
                    help="rows of the --model products: micro-batch x sequence (default 4096)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -100,6 +101,17 @@ def model_shapes(ref: str, tokens: int) -> list[tuple[int, int, int]]:
     return sorted({(int(g.m), int(g.n), int(g.k)) for g in lin if g.m >= 1})
 
 
+def model_attention_shapes(ref: str, tokens: int) -> list[tuple[int, int, int, int]]:
+    """(b, heads, s, head_dim) of model ``ref``'s attention at sequence lengths 128, 512 and
+    2048 (those within its ``max_seq_len``) and at ``max_seq_len``, ``b`` holding about
+    ``tokens`` tokens: the cost model interpolates between them by sequence length."""
+    from ..specs.model import load_model
+    model = load_model(ref)
+    seqs = sorted({s for s in (128, 512, 2048) if s <= model.max_seq_len}
+                  | {min(model.max_seq_len, 8192)})
+    return [(max(1, tokens // s), model.n_heads, s, model.head_dim) for s in seqs]
+
+
 def run(a: argparse.Namespace) -> int:
     out = _validate(a)
     from ..runtime.calibrate import calibrate, detect, gpu_preset, make_plan, stage_labels
@@ -115,11 +127,13 @@ def run(a: argparse.Namespace) -> int:
     else:
         workers, base, dtypes = a.workers or [1, 2, 4], a.base or "cpu", a.dtypes or ["fp32", "bf16"]
     shapes = model_shapes(a.model, a.tokens) if a.model else None
-    labels = stage_labels(make_plan(workers, dtypes, a.quick, info["device"], shapes))
+    att = model_attention_shapes(a.model, min(a.tokens, 2048)) if a.model else None
+    labels = stage_labels(make_plan(workers, dtypes, a.quick, info["device"], shapes, att))
     print(f"ptd calibrate: {info['device']} ({info['name']}), workers {workers}, dtypes {dtypes}"
           f"{', quick' if a.quick else ''}; {len(labels)} stages", file=sys.stderr)
     with _Progress(len(labels)) as tick:
-        result = calibrate(workers, dtypes, a.quick, base, a.name, info, tick, model_shapes=shapes)
+        result = calibrate(workers, dtypes, a.quick, base, a.name, info, tick, model_shapes=shapes,
+                           model_attention=att)
     from ..runtime.calibrate import write_profile
     write_profile(result, out)
     if a.out is None and a.name == "calibrated" and info["device"] == "cpu":

@@ -184,6 +184,27 @@ def gemm_time(g: Gemm, rate: float, bw: float, act_bytes: int, hw: HardwareSpec 
     return max(g.flops / (rate * eff), mem / bw) + hw.kernel_launch * g.count
 
 
+def attention_fraction(hw: HardwareSpec, dtype: str, head_dim: int, seq_len: int) -> float:
+    """Causal attention's rate as a fraction of the matmul rate: from ``ptd calibrate``'s
+    attention shapes with this head dimension where measured (linear in ``log2 s`` between
+    the measured sequence lengths, the nearest one beyond them), else
+    ``hw.attention_efficiency``. A CPU's attention kernel runs small heads far below large
+    ones (``ptd calibrate --model tiny``, 2026-11-25, 2-core AMD EPYC, fp32: heads of 8 at
+    0.054 of the matmul rate at sequence 128 and 0.062 at 256, heads of 32 at 0.32)."""
+    table = hw.attention_shapes_measured.get(dtype) if hw.attention_shapes_measured else None
+    pts = sorted((math.log2(int(s)), r) for key, r in (table or {}).items()
+                 for _, _, s, d in [key.split("x")] if int(d) == head_dim)
+    if not pts:
+        return hw.attention_efficiency
+    x = math.log2(max(seq_len, 1))
+    if x <= pts[0][0]:
+        return pts[0][1]
+    for (x0, r0), (x1, r1) in zip(pts, pts[1:]):
+        if x <= x1:
+            return r0 + (r1 - r0) * (x - x0) / (x1 - x0) if x1 > x0 else r1
+    return pts[-1][1]
+
+
 def shape_fraction(hw: HardwareSpec, dtype: str, m: float, n: float, k: float) -> float | None:
     """The rate a product of this shape reached in ``ptd calibrate``'s sweep, relative to the
     calibrated matmul rate; None without a sweep for ``dtype``.
@@ -351,8 +372,9 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
         # fused: the s x s scores never reach memory; it reads Q, K, V and writes O
         flops = 0.5 * sum(g.flops for g in attn)  # causal tiles skipped
         io = ab * tokens * (2 * model.q_dim + 2 * model.kv_dim) / tp
-        t_attn = max(flops / (rate * hw.attention_efficiency), io / bw)
-        t_attn_bwd = max(2.5 * flops / (rate * hw.attention_efficiency), 2 * io / bw)
+        eff = attention_fraction(hw, dtype, model.head_dim, seq_len)
+        t_attn = max(flops / (rate * eff), io / bw)
+        t_attn_bwd = max(2.5 * flops / (rate * eff), 2 * io / bw)
     else:
         t_attn = (sum(gemm_time(g, rate, bw, ab, hw, dtype) for g in attn)
                   + scores_bytes_fwd(model, seq_len, micro_batch, tp, ab) / bw)

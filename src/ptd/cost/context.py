@@ -58,7 +58,9 @@ def attention_core_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSp
     skipped), at the hardware's attention efficiency (as :func:`ptd.cost.compute.block_time`)."""
     heads = plan.micro_batch * model.n_heads / plan.tp
     flops = 0.5 * 4 * plan.seq_len ** 2 * model.head_dim * heads / plan.cp
-    return flops / (cluster.gemm_rate(plan.dtype) * cluster.hardware.attention_efficiency)
+    from .compute import attention_fraction
+    eff = attention_fraction(cluster.hardware, plan.dtype, model.head_dim, plan.seq_len)
+    return flops / (cluster.gemm_rate(plan.dtype) * eff)
 
 
 def kv_exchange_bytes(model: ModelSpec, plan: ParallelPlan) -> float:

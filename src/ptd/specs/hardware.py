@@ -17,6 +17,8 @@ Bandwidths are bytes/s in **one direction per device** (NVIDIA quotes NVLink bid
 
 from __future__ import annotations
 
+import math
+
 import dataclasses
 import os
 import tomllib
@@ -123,6 +125,12 @@ class HardwareSpec:
     same worker count (may exceed 1). Where present, each product of the cost model runs at
     ``R`` times its shape's value (:func:`ptd.cost.compute.shape_fraction`), instead of the
     shape model or ``R`` itself."""
+    attention_shapes_measured: dict[str, dict[str, float]] = field(default_factory=dict)
+    """From ``ptd calibrate``: causal attention (SDPA forward + backward) of each shape
+    ``"BxHxSxD"`` (batch, heads, sequence, head dimension), by dtype, as a fraction of the
+    matmul rate ``R`` at the same worker count. Where a shape with the model's head dimension
+    was measured, attention runs at that fraction (:func:`ptd.cost.compute.attention_fraction`)
+    instead of ``attention_efficiency``: small heads run far below large ones on a CPU."""
     memory_bandwidth_measured: dict[int, float] = field(default_factory=dict)
     """From ``ptd calibrate``: achieved copy bandwidth per worker (bytes/s) by workers at once.
     Overrides memory_bandwidth*memory_efficiency."""
@@ -505,6 +513,18 @@ def hardware_from_dict(d: dict[str, Any], name: str = "custom") -> HardwareSpec:
         except (TypeError, ValueError, AttributeError):
             raise PtdError(f"{name}: gemm_shapes_measured must be a table of dtype tables "
                            '"MxNxK" = number (e.g. fp32."1024x256x64" = 0.8)') from None
+    if "attention_shapes_measured" in d:
+        try:
+            d["attention_shapes_measured"] = {
+                dt: {str(k): _number(r) for k, r in t.items() if len(str(k).split("x")) == 4}
+                for dt, t in d["attention_shapes_measured"].items()}
+        except (TypeError, ValueError, AttributeError):
+            raise PtdError(f"{name}: attention_shapes_measured must be a table of dtype tables "
+                           '"BxHxSxD" = number (e.g. fp32."4x8x256x32" = 0.3)') from None
+        bad = [k for t in d["attention_shapes_measured"].values() for k, r in t.items()
+               if not 0 < r < math.inf]
+        if bad:
+            raise PtdError(f"{name}: attention_shapes_measured[{bad[0]!r}] must be a positive number")
     if "blocking_wait_measured" in d:
         try:
             d["blocking_wait_measured"] = {

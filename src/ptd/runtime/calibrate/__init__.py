@@ -68,11 +68,13 @@ def _cpu_name() -> str:
 
 def calibrate(workers: list[int], dtypes: list[str], quick: bool, base: str, name: str,
               info: dict[str, Any], on_tick: Callable[[str], None] = lambda s: None,
-              model_shapes: list[tuple[int, int, int]] | None = None) -> dict[str, Any]:
+              model_shapes: list[tuple[int, int, int]] | None = None,
+              model_attention: list[tuple[int, int, int, int]] | None = None) -> dict[str, Any]:
     """Measure; return ``{"hardware": table, "meta": ..., "summary": ...}`` (validated).
-    ``model_shapes``: a model's products (m, n, k), swept beside the default shapes."""
+    ``model_shapes``: a model's products (m, n, k), swept beside the default shapes;
+    ``model_attention``: its attention shapes (b, heads, s, head_dim)."""
     import torch
-    plan = make_plan(workers, dtypes, quick, info["device"], model_shapes)
+    plan = make_plan(workers, dtypes, quick, info["device"], model_shapes, model_attention)
     load = _loadavg()
     t0 = time.monotonic()
     results = run_workers(plan, on_tick)

@@ -173,22 +173,35 @@ def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
         tick(f"overhead x{n}")
 
     for dt in plan["dtypes"]:
-        res = {}
-        for shape in plan["attn_shapes"]:
-            q, k, v = (torch.randn(*shape, device=device).to(DTYPES[dt]).requires_grad_()
-                       for _ in range(3))
-            g = torch.randn(*shape, device=device).to(DTYPES[dt])
-
-            def step(q=q, k=k, v=v, g=g):
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                torch.autograd.grad(o, (q, k, v), g)
-
-            res["x".join(map(str, shape))] = t = sync.time(step, T, rep)
-            if sync.agree(t > plan["max_call_s"]):
-                break
-        out["attention"][dt] = res
+        out["attention"][dt] = attention_times(plan["attn_shapes"], dt, device, sync, plan)
         tick(f"attention {dt} x{n}")
+    if plan.get("attn_model_shapes") and n == plan["workers"][0]:
+        out["attention_model"] = {}
+        for dt in plan["dtypes"]:
+            out["attention_model"][dt] = attention_times(plan["attn_model_shapes"], dt, device,
+                                                         sync, plan)
+            tick(f"attention shapes {dt}")
     return out
+
+
+def attention_times(shapes: list, dt: str, device: torch.device, sync: Sync, plan: dict
+                    ) -> dict[str, float]:
+    """Seconds of causal SDPA forward + backward per shape ``(b, heads, s, head_dim)``,
+    smallest first, until a call takes longer than ``max_call_s``."""
+    res = {}
+    for shape in shapes:
+        q, k, v = (torch.randn(*shape, device=device).to(DTYPES[dt]).requires_grad_()
+                   for _ in range(3))
+        g = torch.randn(*shape, device=device).to(DTYPES[dt])
+
+        def step(q=q, k=k, v=v, g=g):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            torch.autograd.grad(o, (q, k, v), g)
+
+        res["x".join(map(str, shape))] = t = sync.time(step, plan["window_s"], plan["repeats"])
+        if sync.agree(t > plan["max_call_s"]):
+            break
+    return res
 
 
 def gemm_shapes(plan: dict, dt: str, device: torch.device, sync: Sync) -> dict[str, float]:

@@ -11,7 +11,9 @@
   all three kinds).
 * attention: causal SDPA forward + backward counted at ``3.5 x 0.5 x 4 b h s^2 d`` FLOPs (two
   products forward, 2.5 backward, half of them masked), over the matmul rate ``R`` of the
-  same dtype and worker count.
+  same dtype and worker count; the median of the default shapes is ``attention_efficiency``,
+  and every shape measured at the smallest worker count (a model's own with ``--model``)
+  goes to ``attention_shapes_measured``.
 * collectives: ``t = alpha + bus_factor(kind, g) M / busbw`` with ``bus_factor`` from
   :mod:`ptd.cost.comm`, so the fit means what the cost model reads.
 * blocking collectives (CPU): per workers at once, ``(chunk, wait)`` points -- the mean
@@ -105,10 +107,21 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
     # relative to the fitted rate R at the same worker count, which the cost model scales
     # to other worker counts
     w0 = plan["workers"][0]
+    attention_shapes: dict[str, dict[str, float]] = {}
+    for dt, per_n in attention.items():  # the default shapes at w0, then a model's own
+        attention_shapes[dt] = {key: a["ratio"] for key, a in per_n.get(w0, {}).items()}
+    model_att: dict[str, dict[str, list[float]]] = {}
+    for r in results:
+        for dt, t in r["compute"].get(str(w0), {}).get("attention_model", {}).items():
+            for key, sec in t.items():
+                model_att.setdefault(dt, {}).setdefault(key, []).append(attention_flops(key) / sec)
+    for dt, t in model_att.items():
+        for key, rates in t.items():
+            attention_shapes.setdefault(dt, {})[key] = mean(rates) / gemm[dt][w0]["rate"]
     gemm_shapes = {dt: {key: mean(v) / gemm[dt][w0]["rate"] for key, v in t.items()}
                    for dt, t in shapes.items()}
     return {"gemm": gemm, "gemm_shapes": gemm_shapes, "memory": memory, "overhead": overhead, "framework": framework,
-            "attention": attention,
+            "attention": attention, "attention_shapes": attention_shapes,
             "attention_ratio": median(ratios) if ratios else None,
             "attention_dtype": primary, "collectives": collectives, "blocking": blocking,
             "missing": missing}
@@ -165,6 +178,8 @@ def profile_table(summary: dict, base: HardwareSpec, name: str, device: str,
                                     for k, t in summary["framework"].items()}
     if summary["attention_ratio"]:
         hw["attention_efficiency"] = min(1.0, summary["attention_ratio"])
+    if summary.get("attention_shapes"):
+        hw["attention_shapes_measured"] = {dt: t for dt, t in summary["attention_shapes"].items() if t}
     if memory_bytes:
         hw["memory_bytes"] = float(memory_bytes)
     fits = summary["collectives"]

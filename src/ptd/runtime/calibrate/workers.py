@@ -22,10 +22,12 @@ KiB, MiB = 2**10, 2**20
 
 
 def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
-              model_shapes: list[tuple[int, int, int]] | None = None) -> dict:
+              model_shapes: list[tuple[int, int, int]] | None = None,
+              model_attention: list[tuple[int, int, int, int]] | None = None) -> dict:
     """Sizes, windows and repeats: the default calibration is ~1.5 minutes on a 2-core CPU,
     ``quick`` ~15 s. ``model_shapes``: products (m, n, k) of a model, measured beside the
-    sweep."""
+    sweep; ``model_attention``: its attention shapes (b, heads, s, head_dim), measured beside
+    the default ones (on the smallest worker count, like the sweep)."""
     cuda = device == "cuda"
     # pipeline send/recv is always between pairs, so 2 is measured whenever it can be
     group_sizes = sorted({n for n in workers if n >= 2} | ({2} if max(workers) >= 2 else set()))
@@ -55,7 +57,8 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
     return dict(p, device=device, workers=sorted(set(workers)), dtypes=list(dtypes),
                 gemm_shapes=gemm_sweep(cuda, quick, model_shapes),
                 blocking_bytes=MiB,
-                gemm_sizes=gemm, attn_shapes=attn, coll_sizes=coll, kinds=list(KINDS),
+                gemm_sizes=gemm, attn_shapes=attn, attn_model_shapes=list(model_attention or []),
+                coll_sizes=coll, kinds=list(KINDS),
                 group_sizes=group_sizes)
 
 
@@ -88,6 +91,8 @@ def stage_labels(plan: dict) -> list[str]:
         if plan["device"] == "cpu":
             out.append(f"overhead x{n}")
         out += [f"attention {dt} x{n}" for dt in plan["dtypes"]]
+        if plan.get("attn_model_shapes") and n == plan["workers"][0]:
+            out += [f"attention shapes {dt}" for dt in plan["dtypes"]]
     for g in plan["group_sizes"]:
         out += [f"{k} g={g}" for k in plan["kinds"] if k != "send_recv" or g == 2]
         if g == 2 and plan["device"] == "cpu":

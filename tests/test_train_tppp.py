@@ -31,8 +31,10 @@ trained = functools.partial(helpers.trained, dump_params=True, timeout=RUN_TIMEO
 
 # (id, flags, tolerance on the per-step loss relative to the single process): 1e-4 where a
 # matmul is split over tp ranks (sums in another order), 1e-5 where none is.
+# Layouts another run covers are left out to keep CI within its time (tp 2 alone: dp2-tp2;
+# ZeRO-1 with tp 2: the 3-D example; ZeRO-2 with pp 2: its zero-bubble run; cp with ZeRO-1:
+# the same code as with ZeRO-2, FSDP over dp then the average over cp).
 LAYOUTS = [
-    ("tp2", ["--nproc", "2", "--tp", "2", "--micro-batch", "4"], 1e-4),
     ("tp2-sp", ["--nproc", "2", "--tp", "2", "--sp", "--micro-batch", "4"], 1e-4),
     ("pp2-gpipe", ["--nproc", "2", "--pp", "2", "--schedule", "gpipe", "--micro-batch", "2"], 1e-5),
     ("pp2-1f1b", ["--nproc", "2", "--pp", "2", "--schedule", "1f1b", "--micro-batch", "2"], 1e-5),
@@ -48,17 +50,11 @@ LAYOUTS = [
     ("dp2-pp2-zero1", ["--nproc", "4", "--dp", "2", "--pp", "2", "--zero", "1",
                        "--micro-batch", "2"], 1e-5),
     # ZeRO-1/2 are FSDP2 without resharding after forward: 2-D with tp, FSDP roots per
-    # pipeline stage, ZeRO-1's shards averaged over cp by the runner
-    ("dp2-zero1-tp2", ["--nproc", "4", "--dp", "2", "--tp", "2", "--zero", "1",
-                       "--micro-batch", "2"], 1e-4),
+    # pipeline stage
     ("dp2-zero2-tp2", ["--nproc", "4", "--dp", "2", "--tp", "2", "--zero", "2",
                        "--micro-batch", "2", *EVAL], 1e-4),
-    ("dp2-pp2-zero2", ["--nproc", "4", "--dp", "2", "--pp", "2", "--zero", "2",
-                       "--micro-batch", "2"], 1e-5),
     ("dp2-pp2-zero2-zero-bubble", ["--nproc", "4", "--dp", "2", "--pp", "2", "--zero", "2",
                                    "--schedule", "zero-bubble", "--micro-batch", "1"], 1e-5),
-    ("cp2-dp2-zero1", ["--nproc", "4", "--cp", "2", "--dp", "2", "--zero", "1",
-                       "--micro-batch", "2"], 1e-5),
     # ZeRO-2 reduce-scatters over dp at each of the 2 micro-steps (shards accumulate), ZeRO-3
     # regathers per block; both average the shards over cp once per step
     ("cp2-dp2-zero2", ["--nproc", "4", "--cp", "2", "--dp", "2", "--zero", "2",

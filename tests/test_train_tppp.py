@@ -65,6 +65,7 @@ LAYOUTS = [
     # context parallel: zig-zag slices, K/V passed around a ring per layer; 1e-5 for all
     # a ring of 4 (on 2 ranks next and previous are the same rank: a reversed ring passes)
     ("cp4", ["--nproc", "4", "--cp", "4", "--micro-batch", "4", *EVAL], 1e-5),
+    ("cp2", ["--nproc", "2", "--cp", "2", "--micro-batch", "4"], 1e-5),
     ("cp2-dp2", ["--nproc", "4", "--cp", "2", "--dp", "2", "--micro-batch", "2"], 1e-5),
     ("cp2-tp2", ["--nproc", "4", "--cp", "2", "--tp", "2", "--micro-batch", "4"], 1e-5),
     # sequence parallel inside each cp slice: the slice's tokens split again over tp

@@ -309,9 +309,10 @@ def test_all_to_all_time_counts_and_bytes():
     m = get_preset("tiny-moe")
     plan = ParallelPlan(dp=4, ep=2, tp=2, micro_batch=2, global_batch=16, seq_len=64)
     calls = []
-    t = ep_comm_time(m, plan, moe_layers=4, coll=lambda k, b, n: calls.append((k, b, n)) or 1.0)
-    # dispatch + combine, forward + backward, per layer and micro-batch (2 per replica)
-    assert t == 4 * 4 * 2 and calls[0] == ("all_to_all", 2 * 64 * 2 * 64 * 4, 2)  # T*k*h fp32
+    t = ep_comm_time(m, plan, moe_layers=4, coll=lambda k, b, n: calls.append((k, b, n)) or 0.5)
+    # dispatch + combine, forward + backward, per layer and micro-batch (2 per replica), each
+    # all-to-all priced 0.5 s here
+    assert t == 4 * 4 * 2 * 0.5 and calls[0] == ("all_to_all", 2 * 64 * 2 * 64 * 4, 2)  # T*k*h fp32
     assert ep_group_ranks(plan) == [0, 2]  # consecutive dp ranks, tp apart
     assert ep_comm_time(m, plan.replace(ep=1), 4, lambda *a: 1.0) == 0.0
 
@@ -384,6 +385,13 @@ def test_imbalance_term_by_hand():
     assert imbalance_compute_time(m, plan, 32, 1e15, 1.5) == pytest.approx(want, rel=1e-12)
     assert imbalance_compute_time(m, plan.replace(ep=1), 32, 1e15, 1.5) == 0.0
     assert imbalance_compute_time(m, plan, 32, 1e15, 1.0) == 0.0
+    assert imbalance_compute_time(m, plan, 32, 1e15) == 0.0  # balanced unless told
+    assert imbalance_compute_time(m, plan, 32, 1e15, 0.9) == 0.0  # the busiest is never below the mean
+    # GELU experts have two matrices, SwiGLU three: 2 k 2 h F forward FLOPs per token
+    from ptd.cost.moe import expert_flops_per_token
+    gelu = m.replace(mlp="gelu", norm="layernorm", position="learned")
+    assert expert_flops_per_token(gelu) == 2 * 2 * 2 * 4096 * 14336
+    assert expert_flops_per_token(m) == 2 * 2 * 3 * 4096 * 14336
 
 
 def test_moe_block_products_and_memory_traffic_under_tp_by_hand():

@@ -314,6 +314,10 @@ def test_all_to_all_time_counts_and_bytes():
     # all-to-all priced 0.5 s here
     assert t == 4 * 4 * 2 * 0.5 and calls[0] == ("all_to_all", 2 * 64 * 2 * 64 * 4, 2)  # T*k*h fp32
     assert ep_group_ranks(plan) == [0, 2]  # consecutive dp ranks, tp apart
+    from ptd.cost.moe import all_to_all_bytes, routed_expert_numel
+    for dtype in ("bf16", "fp16"):  # 2 bytes an element
+        assert all_to_all_bytes(m, plan.replace(dtype=dtype)) == 2 * 64 * 2 * 64 * 2
+    assert routed_expert_numel(get_preset("tiny")) == 0  # a dense model has none
     assert ep_comm_time(m, plan.replace(ep=1), 4, lambda *a: 1.0) == 0.0
 
 
@@ -385,6 +389,7 @@ def test_imbalance_term_by_hand():
     assert imbalance_compute_time(m, plan, 32, 1e15, 1.5) == pytest.approx(want, rel=1e-12)
     assert imbalance_compute_time(m, plan.replace(ep=1), 32, 1e15, 1.5) == 0.0
     assert imbalance_compute_time(m, plan, 32, 1e15, 1.0) == 0.0
+    assert imbalance_compute_time(m, plan.replace(ep=2), 32, 1e15, 1.5) == pytest.approx(want)
     assert imbalance_compute_time(m, plan, 32, 1e15) == 0.0  # balanced unless told
     assert imbalance_compute_time(m, plan, 32, 1e15, 0.9) == 0.0  # the busiest is never below the mean
     # GELU experts have two matrices, SwiGLU three: 2 k 2 h F forward FLOPs per token

@@ -318,6 +318,10 @@ def test_all_to_all_time_counts_and_bytes():
     for dtype in ("bf16", "fp16"):  # 2 bytes an element
         assert all_to_all_bytes(m, plan.replace(dtype=dtype)) == 2 * 64 * 2 * 64 * 2
     assert routed_expert_numel(get_preset("tiny")) == 0  # a dense model has none
+    # the busiest rank's all-to-alls carry imbalance x the bytes
+    calls.clear()
+    ep_comm_time(m, plan, 4, lambda k, b, n: calls.append(b) or 0.5, imbalance=2.5)
+    assert calls[0] == 2.5 * 2 * 64 * 2 * 64 * 4
     assert ep_comm_time(m, plan.replace(ep=1), 4, lambda *a: 1.0) == 0.0
 
 
@@ -397,6 +401,9 @@ def test_imbalance_term_by_hand():
     gelu = m.replace(mlp="gelu", norm="layernorm", position="learned")
     assert expert_flops_per_token(gelu) == 2 * 2 * 2 * 4096 * 14336
     assert expert_flops_per_token(m) == 2 * 2 * 3 * 4096 * 14336
+    assert expert_flops_per_token(m.replace(top_k=1)) == 2 * 1 * 3 * 4096 * 14336
+    # 2.5 times the mean: 1.5 times the expert work again
+    assert imbalance_compute_time(m, plan, 32, 1e15, 2.5) == pytest.approx(3 * want)
 
 
 def test_moe_block_products_and_memory_traffic_under_tp_by_hand():

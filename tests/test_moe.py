@@ -401,7 +401,7 @@ def test_imbalance_term_by_hand():
     gelu = m.replace(mlp="gelu", norm="layernorm", position="learned")
     assert expert_flops_per_token(gelu) == 2 * 2 * 2 * 4096 * 14336
     assert expert_flops_per_token(m) == 2 * 2 * 3 * 4096 * 14336
-    assert expert_flops_per_token(m.replace(top_k=1)) == 2 * 1 * 3 * 4096 * 14336
+    assert expert_flops_per_token(m.replace(top_k=3)) == 2 * 3 * 3 * 4096 * 14336
     # 2.5 times the mean: 1.5 times the expert work again
     assert imbalance_compute_time(m, plan, 32, 1e15, 2.5) == pytest.approx(3 * want)
 

@@ -192,8 +192,12 @@ def attention_fraction(hw: HardwareSpec, dtype: str, head_dim: int, seq_len: int
     ones (``ptd calibrate --model tiny``, 2026-11-25, 2-core AMD EPYC, fp32: heads of 8 at
     0.054 of the matmul rate at sequence 128 and 0.062 at 256, heads of 32 at 0.32)."""
     table = hw.attention_shapes_measured.get(dtype) if hw.attention_shapes_measured else None
-    pts = sorted((math.log2(int(s)), r) for key, r in (table or {}).items()
-                 for _, _, s, d in [key.split("x")] if int(d) == head_dim)
+    pts = []
+    for key, r in (table or {}).items():
+        _, _, s, d = map(int, key.split("x"))  # "BxHxSxD"
+        if d == head_dim:
+            pts.append((math.log2(s), r))
+    pts.sort()
     if not pts:
         return hw.attention_efficiency
     x = math.log2(max(seq_len, 1))

@@ -278,8 +278,8 @@ def block_gemms(model: ModelSpec, tokens: int, seq_len: int, micro_batch: int, t
         share = model.top_k / model.n_experts
         e = model.n_experts
         lin += [Gemm(tokens, e, h), Gemm(tokens * share, f, h, up * e), Gemm(tokens * share, h, f, e)]
-        lin += [Gemm(g.m, g.n, g.k, g.count * model.n_shared_experts) for g in mlp
-                if model.n_shared_experts]
+        if model.n_shared_experts:
+            lin += [Gemm(g.m, g.n, g.k, g.count * model.n_shared_experts) for g in mlp]
     else:
         lin += mlp
     heads = micro_batch * model.n_heads / t

@@ -50,7 +50,6 @@ def test_plan_errors_one_line_exit_2_nothing_started(ptd_cli, no_workers, tmp_pa
 
 
 @pytest.mark.parametrize("flags,match", [
-    (["--dtype", "fp16"], "fp16 needs a CUDA GPU"),
     (["--zero", "5"], "invalid choice"),
     (["--nproc", "0"], "positive integer"),
     (["--nproc", "3"], r"not divisible by micro-batch\*dp"),

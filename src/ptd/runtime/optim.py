@@ -30,15 +30,18 @@ from torch.distributed.tensor import DTensor
 
 from ..specs import OptimConfig
 from .model.init import canonical_name
+from .model.transformer import tied_copy
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Decay matrices; not norms, biases or embeddings (nor the output layer tied to one)."""
+    """Decay matrices; not norms, biases or embeddings (nor the output layer tied to one,
+    also where it is a copy held apart: :func:`tied_copy`)."""
     decay, no_decay = [], []
+    copy = tied_copy(model)
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        if p.ndim >= 2 and "embeddings" not in canonical_name(name):
+        if p.ndim >= 2 and "embeddings" not in canonical_name(name) and p is not copy:
             decay.append(p)
         else:
             no_decay.append(p)
@@ -77,6 +80,13 @@ def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+def norm_params(model: nn.Module) -> list[torch.Tensor]:
+    """The parameters whose gradients make up the global norm: each distinct tensor of the
+    whole model once (a tied embedding's copy on a pipeline's last stage is not)."""
+    copy = tied_copy(model)
+    return [p for p in model.parameters() if p.requires_grad and p is not copy]
 
 
 def _sharded_axes(t: DTensor) -> tuple[int, ...]:

@@ -152,8 +152,9 @@ class PipelineRunner:
         return lm_loss_sum(output, targets) / self.step_tokens
 
     def _schedule_loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # the schedule back-propagates what this returns: fp16's loss scale goes in here
         with span("ptd:forward"):  # the last stage's forward ends with the loss
-            return self.loss_fn(output, targets)
+            return self.precision.scale(self.loss_fn(output, targets))
 
     @staticmethod
     def _sum(losses: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -172,7 +173,7 @@ class PipelineRunner:
         if self.grad_sync is not None:
             with span("ptd:grad_sync"):
                 self.grad_sync()
-        return self._sum(losses, micro_batches[0].inputs.device)
+        return self.precision.unscaled(self._sum(losses, micro_batches[0].inputs.device))
 
     @torch.no_grad()
     def evaluate(self, micro_batches: Sequence[MicroBatch]) -> torch.Tensor:
@@ -230,6 +231,11 @@ def make_runner(model: nn.Module, stage_modules: Sequence[nn.Module], stage_ids:
         dp_sync = dp_grad_sync(model, plan, dims.group("dp"))
     if dp_sync is not None:
         hooks.append(dp_sync)
+    if plan.pp > 1 and model.spec.tied_embeddings:
+        from .parallel.pp import TiedEmbeddingGrads
+        tied = dims.tied_group()  # (a collective: every rank builds the pairs' groups)
+        if tied is not None:
+            hooks.append(TiedEmbeddingGrads(model, tied))
     sync = _chain(hooks)
     loss_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lm_loss_sum
     if plan.tp > 1 and plan.tp_mode == "2d":  # logits blocks, explicit collectives (no DTensor)

@@ -36,7 +36,7 @@ from .resilience.fault import FaultInjector
 from .parallel.mesh import ParallelDims
 from .measure.runlog import RunLog, summarize
 from .model.moe import step_metrics as moe_metrics
-from .optim import clip_grads_, global_grad_norm, lr_at, set_lr
+from .optim import clip_grads_, global_grad_norm, lr_at, norm_params, set_lr
 from .precision import Precision
 from .runner import StepRunner
 
@@ -57,6 +57,8 @@ class Trainer:
         self.val_batches = val_batches
         self.faults = faults or FaultInjector(dims.rank, spec="")
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.norm_params = norm_params(model)
+        """What the gradient norm is taken over: each tensor of the whole model once."""
         self.step = 0
         """Optimizer steps completed (what a checkpoint would record, with the loader's state)."""
         self.tokens = 0
@@ -102,7 +104,7 @@ class Trainer:
     def clip_gradients(self) -> float:
         with self.phase("clip_gradients"):
             self.precision.unscale_(self.optimizer)
-            norm = global_grad_norm(self.params, self.dims.device, self.dims.grad_norm_groups())
+            norm = global_grad_norm(self.norm_params, self.dims.device, self.dims.grad_norm_groups())
             if self.cfg.optim.grad_clip > 0:
                 clip_grads_(self.params, self.cfg.optim.grad_clip, norm)
             return float(norm)

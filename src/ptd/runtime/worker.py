@@ -63,9 +63,13 @@ def dump_params(model: torch.nn.Module, path: Path, dims: ParallelDims) -> None:
 
 
 def count_params(model: torch.nn.Module, dims: ParallelDims) -> int:
-    """Parameters of the whole model (global sizes of shards, summed over pipeline stages)."""
+    """Parameters of the whole model (global sizes of shards, summed over pipeline stages; a
+    tied embedding's copy on the last stage once, as the tensor it stands for)."""
     import torch.distributed as dist
-    n = torch.tensor(sum(p.numel() for p in unwrap(model).parameters()), dtype=torch.int64)
+    from .model.transformer import tied_copy
+    copy = tied_copy(model)
+    n = torch.tensor(sum(p.numel() for p in unwrap(model).parameters() if p is not copy),
+                     dtype=torch.int64)
     if dims.plan.pp > 1:
         dist.all_reduce(n, group=dims.group("pp"))
     return int(n)
@@ -82,7 +86,8 @@ def build_trainer(cfg: TrainConfig, dims: ParallelDims) -> Trainer:
     # MoE: auxiliary-loss scale (the runners' loss is per replica token); stats once per tp group
     moe.prepare(model, plan.global_batch // plan.dp * plan.seq_len, record=dims.coords["tp"] == 0)
     optimizer = build_optimizer(model, cfg.optim)
-    precision = Precision(plan.dtype, dims.device, fsdp=plan.zero >= 1, group=dims.group("dp"))
+    precision = Precision(plan.dtype, dims.device, fsdp=plan.zero >= 1,
+                          distributed=dims.world_size > 1)
     train, val = open_stream(Sources.resolve(cfg.data)).split(cfg.data.val_fraction)
     common = dict(seq_len=plan.seq_len, global_batch=plan.global_batch, micro_batch=plan.micro_batch,
                   dp_rank=dims.dp_rank, dp_size=dims.dp_size, device=dims.device)

@@ -30,6 +30,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state
                                                      set_state_dict)
 from torch.distributed.tensor import DTensor
 
+from ..model.transformer import tied_copy
+
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
@@ -55,9 +57,15 @@ class TrainState:
 
     def state_dicts(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """``(model_sd, optim_sd)`` per part. On a fresh optimizer the states are created by
-        a step with zero gradients and learning rate 0 (parameters unchanged)."""
-        return [get_state_dict(part, opt, options=OPTIONS)
-                for part, opt in self._pairs()]
+        a step with zero gradients and learning rate 0 (parameters unchanged).
+
+        A tied embedding's copy on a pipeline's last stage (:func:`tied_copy`) keeps its
+        AdamW states under the embedding's name, as a run without the copy has them (the
+        optimizer holds a tied matrix once, named ``tok_embeddings.weight``): equal on
+        both copies, written once, and read by either layout."""
+        return [(msd, {_alias(k, part): v for k, v in osd.items()})
+                for part, (msd, osd) in zip(self.parts, (get_state_dict(part, opt, options=OPTIONS)
+                                                         for part, opt in self._pairs()))]
 
     def state_dict(self) -> dict[str, Any]:
         model, optim = {}, {}
@@ -72,12 +80,23 @@ class TrainState:
         Optimizer hyperparameters stay those of the run's config."""
         for (part, opt), (msd, osd) in zip(self._pairs(), parts):
             keep = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+            names = get_state_dict(part, opt, options=OPTIONS)[1]  # the optimizer's own keys
             set_state_dict(part, opt,
                            model_state_dict={k: loaded["model"][k] for k in msd},
-                           optim_state_dict={k: loaded["optim"][k] for k in osd},
+                           optim_state_dict={k: loaded["optim"][_alias(k, part)] for k in names},
                            options=OPTIONS)
             for group, hp in zip(opt.param_groups, keep):
                 group.update(hp)
+
+
+def _alias(key: str, part: nn.Module) -> str:
+    """An optimizer key of ``part`` under the name a checkpoint stores it by: the tied
+    embedding copy's (``state.output.weight.*``, ``param_groups.output.weight.*``) under the
+    embedding's; every other key as it is."""
+    for section in ("state.", "param_groups."):
+        if key.startswith(section + "output.weight.") and tied_copy(part) is not None:
+            return section + "tok_embeddings.weight." + key[len(section + "output.weight."):]
+    return key
 
 
 # ------------------------------------------------------------------ RNG

@@ -72,8 +72,6 @@ def check_runtime(cfg: TrainConfig, nproc: int, this_host: bool = True) -> None:
     if plan.ep > 1 and plan.grad_compression != "none":
         raise PtdError("gradient compression hooks need DDP, which ep > 1 does not use; use none")
     gpus = gpu_count()
-    if plan.dtype == "fp16" and not gpus:
-        raise PtdError("fp16 needs a CUDA GPU (loss scaling); use --dtype bf16 on CPU")
     if this_host and gpus and nproc > gpus:
         raise PtdError(f"{nproc} workers but {gpus} GPU(s) on this host")
     if cfg.tensorboard:

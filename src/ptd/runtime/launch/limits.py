@@ -8,6 +8,7 @@ counts are ``ParallelPlan.validate``'s; these are the runtime's own limits.
 
 from __future__ import annotations
 
+from ...specs.stages import is_v_shape
 from ...specs import ModelSpec, ParallelPlan
 
 
@@ -42,11 +43,12 @@ def pp_problem(model: ModelSpec, plan: ParallelPlan, *, compile: bool = False) -
         return ("zero-bubble schedules with zero 3 lose weight gradients in torch 2.13 (FSDP "
                 "reshards between the input and the weight backward; measured): use zero 2 or "
                 "another schedule")
-    if model.tied_embeddings:
-        return (f"{model.name}: tied embeddings with pp > 1 would need the first and last "
-                f"stages to keep two copies in sync; untie them (tied_embeddings = false) or use pp = 1")
-    if plan.dtype == "fp16":
-        return "fp16 loss scaling is not wired into the pipeline schedules; use bf16 with pp > 1"
+    if model.tied_embeddings and plan.zero >= 1 and is_v_shape(plan):
+        # the V puts the first and the last stage on rank 0, as two FSDP roots: the one
+        # tied matrix would belong to both
+        return (f"{model.name}: tied embeddings with the zero-bubble V schedule and zero "
+                f"{plan.zero} (rank 0's two stage roots would share the embedding under FSDP); "
+                f"use zero 0, another schedule, or untie them")
     if compile and name in ZERO_BUBBLE:
         return "zero-bubble schedules cannot run torch.compile'd blocks (torch 2.13); drop --compile"
     return None
@@ -79,7 +81,7 @@ def plan_problem(model: ModelSpec, plan: ParallelPlan, *, compile: bool = False)
     host (the runtime's limits beyond ``ParallelPlan.validate``), or None. ``ptd plan``
     rejects such plans in its search, ``ptd estimate`` refuses them, every export refuses
     them, and ``ptd train`` refuses them before starting -- so a plan ptd prints or exports
-    is one it trains. (What depends on the host -- fp16 needs a GPU, MoE training -- is
+    is one it trains. (What depends on the host -- the GPU count, MoE training -- is
     ``ptd.runtime.launch.launcher.check_runtime``'s.)"""
     return (tp2d_problem(model, plan, compile=compile) or tp_problem(model, plan)
             or pp_problem(model, plan, compile=compile) or dp_problem(model, plan)

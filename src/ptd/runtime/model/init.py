@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from .layers import RMSNorm
-from .transformer import fit_vocab_rows, is_vocab_tensor
+from .transformer import fit_vocab_rows, is_vocab_tensor, tied_copy
 
 # Wrappers that prefix parameter names; stripped so the seed sees the model's own names.
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
@@ -73,8 +73,11 @@ def assign_full(param: torch.Tensor, full: torch.Tensor) -> None:
 
 def init_plan(model: nn.Module) -> list[tuple[str, nn.Parameter, str]]:
     """``(name, parameter, kind)`` for every distinct parameter; kind is ``normal``,
-    ``normal_residual``, ``ones`` or ``zeros``. Tied parameters appear once."""
+    ``normal_residual``, ``ones`` or ``zeros``. Tied parameters appear once; a tied output
+    layer held apart from its embedding (:func:`tied_copy`) goes by the embedding's name,
+    so that it starts equal to it."""
     out: list[tuple[str, nn.Parameter, str]] = []
+    copy = tied_copy(model)
     seen: set[int] = set()
     for mname, module in model.named_modules():
         for pname, p in module.named_parameters(recurse=False):
@@ -88,7 +91,7 @@ def init_plan(model: nn.Module) -> list[tuple[str, nn.Parameter, str]]:
                 kind = "zeros"
             else:
                 kind = "normal_residual" if _is_residual_out(fqn) else "normal"
-            out.append((canonical_name(fqn), p, kind))
+            out.append(("tok_embeddings.weight" if p is copy else canonical_name(fqn), p, kind))
     return out
 
 

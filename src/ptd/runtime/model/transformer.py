@@ -143,6 +143,22 @@ class Transformer(nn.Module):
         return h
 
 
+def tied_copy(model: nn.Module) -> nn.Parameter | None:
+    """The output layer's weight when it is a *copy* of a tied embedding: a pipeline's last
+    stage on another rank than the first holds the output layer without the embedding
+    (Megatron-LM keeps such a copy too). Both copies start equal (seeded by the embedding's
+    name), their gradients are summed (:class:`ptd.runtime.parallel.pp.TiedEmbeddingGrads`),
+    so they stay equal; the copy is counted once -- left out of the gradient norm, the
+    parameter count and weight decay, as the single tensor it stands for."""
+    while hasattr(model, "module") and isinstance(model.module, nn.Module):
+        model = model.module  # (DDP)
+    spec = getattr(model, "spec", None)
+    if (spec is None or not spec.tied_embeddings or getattr(model, "output", None) is None
+            or getattr(model, "tok_embeddings", "absent") is not None):
+        return None
+    return model.output.weight
+
+
 VOCAB_PARAMS = ("tok_embeddings.weight", "output.weight")
 """The tensors with a row per vocabulary entry (and the padding rows)."""
 

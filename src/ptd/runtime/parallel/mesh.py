@@ -96,6 +96,21 @@ class ParallelDims:
     def group(self, axis: Axis) -> dist.ProcessGroup:
         return self.mesh.get_group(axis)
 
+    def tied_group(self) -> dist.ProcessGroup | None:
+        """The two ranks holding the first and the last pipeline stage with this rank's dp,
+        cp and tp coordinates, when they differ: a tied embedding's two copies sum their
+        gradients over it (:class:`~.pp.TiedEmbeddingGrads`). A collective: every rank
+        creates every pair's group, in the same order; None where this rank is in no pair
+        or one rank holds both stages (the V placement of zero-bubble schedules)."""
+        from ...specs.stages import stage_to_rank
+        last = stage_to_rank(self.plan.n_stages - 1, self.plan)
+        if self.plan.pp == 1 or last == 0:
+            return None
+        grid = self.mesh.mesh.reshape(self.plan.pp, -1)  # (pp, dp * cp * tp) global ranks
+        pairs = [[int(grid[0, j]), int(grid[last, j])] for j in range(grid.shape[1])]
+        mine, _ = dist.new_subgroups_by_enumeration(pairs)
+        return mine
+
     def grad_norm_groups(self) -> list[dist.ProcessGroup]:
         """Groups over which ranks hold *different* plain (non-DTensor) parameters, whose
         squared gradient norms must be summed for the global norm. DTensor shards (FSDP,

@@ -116,6 +116,35 @@ def split_model(model: Transformer, plan: ParallelPlan, pp_rank: int
     return model, chunks, mine
 
 
+class TiedEmbeddingGrads:
+    """Sum a tied embedding's gradient over its two copies, once per optimizer step.
+
+    With pp > 1 the first stage holds the embedding and the last the output layer; tied,
+    they are one matrix, whose gradient is the sum of both uses. Where the two stages sit on
+    different ranks each holds a copy (:func:`~ptd.runtime.model.transformer.tied_copy`),
+    started equal, and this all-reduce over the pair (:meth:`ParallelDims.tied_group`) gives
+    both copies the whole gradient, so the same optimizer step keeps them equal -- as
+    Megatron-LM's embedding group does. Linear, so its order against the data-parallel
+    average does not matter; under tp and ZeRO both copies are sharded alike (Shard(0) over
+    the padded vocabulary, then dp), so the local shards correspond element by element."""
+
+    def __init__(self, model: nn.Module, group: Any) -> None:
+        from ..model.transformer import tied_copy
+        self.group = group
+        copy = tied_copy(model)
+        first = getattr(model, "tok_embeddings", None)
+        self.param = copy if copy is not None else (first.weight if first is not None else None)
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+        g = self.param.grad
+        if g is None:  # (a stage that never used it cannot hold a copy: a bug, not a case)
+            raise RuntimeError("tied embedding without a gradient after the schedule")
+        dist.all_reduce(g._local_tensor if isinstance(g, DTensor) else g, group=self.group)
+
+
 def schedule_class(plan: ParallelPlan) -> type:
     # imported here, not at the top: torch.distributed.pipelining pulls in torch._dynamo,
     # ~2 s of CPU per worker that runs without a pipeline would pay for nothing

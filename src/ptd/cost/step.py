@@ -61,7 +61,8 @@ class StepBreakdown:
     pp_comm: float
     """Pipeline point-to-point transfers on the critical path."""
     dp_comm_exposed: float
-    """Data-parallel communication not hidden behind compute."""
+    """Data-parallel communication not hidden behind compute (with a tied embedding over
+    pipeline stages, also the sum of its two copies' gradients, which runs beside it)."""
     bubble: float
     """Pipeline fill and drain."""
     optimizer: float
@@ -183,6 +184,10 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     bubble, pp_comm = pipeline(model, plan, cluster, mbt, cpt.comm_exposed)
     dp = DP.dp_terms(model, plan, cluster, mbt, _group(plan, cluster, "dp"), _coll,
                      dp_overlap, recompute_early_stop, ps_servers)
+    # the runner sums a tied embedding's copies after the schedule, with the gradient
+    # average (the measurement counts both as data-parallel communication): exposed
+    tied = tied_embedding_sync(model, plan, cluster)
+    dp = dataclasses.replace(dp, total=dp.total + tied, exposed=dp.exposed + tied)
     optimizer, tp_step = optimizer_time(model, plan, cluster, mbt)
     compute = m * (mbt.f + mbt.b + mbt.rc)
     tp_comm = m * (mbt.tf + mbt.tb) + tp_step
@@ -298,6 +303,24 @@ def pipeline(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Mi
     p2p_bytes = act / (plan.tp if plan.sp else 1)
     t_p2p = _coll("send_recv", p2p_bytes, 2, cluster.hardware, 2 if pp_nodes > 1 else 1)
     return bubble, 2 * (m * v + p - 1) * t_p2p
+
+
+def tied_embedding_sync(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec) -> float:
+    """The all-reduce that sums a tied embedding's gradient over its two copies, the first
+    and the last pipeline rank (``runtime/parallel/pp.py``, ``TiedEmbeddingGrads``): once a
+    step, after the schedule, on their critical path (priced with the exposed data-parallel
+    communication, where the measurement puts the runner's gradient synchronisation). The copies are the output matrix's
+    local shard (vocabulary rows over tp, then ZeRO's dim-0 chunk over dp) in fp32; the pair
+    crosses nodes when the pipeline does. 0 without tying, without a pipeline, or where one
+    rank holds both stages (the V of zero-bubble: one tensor)."""
+    first, last = P.ends_of(P.layout_key(plan))
+    if not model.tied_embeddings or plan.pp <= 1 or first == last:
+        return 0.0
+    rows, cols = P.last_stage_params(model, True)[-1].local_shape(plan.tp)
+    if plan.zero >= 1:
+        rows = -(-rows // plan.dp)  # torch.chunk's first (largest) chunk
+    _, pp_nodes, _ = _group(plan, cluster, "pp")
+    return _coll("all_reduce", 4 * rows * cols, 2, cluster.hardware, 2 if pp_nodes > 1 else 1)
 
 
 def optimizer_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: MicroBatch

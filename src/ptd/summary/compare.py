@@ -27,7 +27,8 @@ cp_comm             exposed sends and receives inside forward/backward when cp >
                     apart from its transfers, and count as pp_comm)
 dp_comm_exposed     exposed collectives of the gradient reduction: DDP's bucket
                     all-reduces, FSDP's all-gathers and reduce-scatters, the runner's
-                    explicit gradient average (with its packing copies)
+                    explicit gradient average (with its packing copies) and a tied
+                    embedding's gradient sum over pipeline stages
 bubble              pipeline time waiting for a neighbour (receives) or between actions,
                     and on a pipeline the wait in the step's loss all-reduce: a stage
                     that has finished waits there for the others to drain

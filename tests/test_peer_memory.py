@@ -211,8 +211,7 @@ def test_deepspeed_runs_the_zero3_formula_written_here(tmp_path):
 
 
 def test_estimate_json_names_the_activation_convention_and_gives_megatrons(ptd_cli):
-    # GPT-3 175B with selective recompute at t = 1 (with learned positions ptd has no sp, and
-    # Megatron's formula assumes it when t > 1): Megatron-LM's figure, written out as in
+    # GPT-3 175B with selective recompute at t = 1 (Megatron's formula assumes sp when t > 1): Megatron-LM's figure, written out as in
     # test_megatron_activation_formula_is_korthikanti_for_a_gpt_block; V is the vocabulary
     # as Megatron pads it, 50257 up to a multiple of 128: 393 x 128 = 50304
     import json

@@ -38,7 +38,7 @@ def home(tmp_path_factory):
 def reference(tmp_path_factory, home):
     """One process, fp32, one micro-batch, a checkpoint at step 5 (the resume's source)."""
     return trained(tmp_path_factory.mktemp("ref") / "run", "--nproc", "1", "--micro-batch", "8",
-                   "--checkpoint-every", "5", home=home)
+                   "--checkpoint-every", "5", "--eval-every", "5", home=home)
 
 
 def assert_losses(run, ref, rel, steps=range(1, 11)):
@@ -64,6 +64,20 @@ def test_tied_embeddings_on_two_stages_train_as_one_process(reference, home, tmp
     summary = json.loads((run / "summary.json").read_text())
     assert summary["runtime_params"] == summary["param_count"]  # the copy counted once
     assert losses(reference)[-1] < losses(reference)[0] - 0.3
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 60)
+def test_tied_and_learned_positions_on_pp2_tp2_sp_train_as_one_process(reference, home, tmp_path):
+    # tp: the copies are Shard(0) over the padded vocabulary, summed shard by shard; sp with
+    # learned positions: the embedding stays whole (all-reduced, positions added) and block 0
+    # takes its sequence shard -- which a refusal used to stand in for
+    run = trained(tmp_path / "pp2tp2sp", "--nproc", "4", "--pp", "2", "--tp", "2", "--sp",
+                  "--micro-batch", "2", "--eval-every", "5", home=home)
+    assert_losses(run, reference, 1e-4)  # (tp: matmuls split, sums in another order)
+    assert grad_norms(run) == pytest.approx(grad_norms(reference), rel=1e-4)
+    assert_same_params(run, reference, 1e-5)
+    assert [r["val_loss"] for r in helpers.records(run) if "val_loss" in r] == pytest.approx(
+        [r["val_loss"] for r in helpers.records(reference) if "val_loss" in r], rel=1e-4)
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 60)

@@ -62,9 +62,6 @@ def tp_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
     if plan.sp and model.is_moe:
         return (f"{model.name}: sequence parallel is not wired into the mixture-of-experts layer "
                 f"(its experts are replicated over tp); drop --sp")
-    if plan.sp and model.position == "learned":
-        return (f"{model.name}: sequence parallel needs RoPE positions; learned position "
-                f"embeddings are added to the whole sequence (use --sp only with RoPE models)")
     return None
 
 

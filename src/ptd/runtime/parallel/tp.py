@@ -13,7 +13,9 @@ exactly as :mod:`ptd.cost.params` prices it (``Param.tp_dim``):
   column parallel over the vocabulary, returning logits as a ``DTensor`` sharded on the
   vocabulary: the runners compute the loss under ``loss_parallel()``, so the full
   ``(tokens, vocab)`` logits are never gathered;
-* norms, position embeddings and row-parallel biases are replicated;
+* norms, position embeddings and row-parallel biases are replicated (learned positions under
+  sequence parallelism: the embedding is all-reduced whole, positions and dropout added, and
+  block 0 takes its sequence shard -- a slice forward, an all-gather backward);
 * mixture of experts: the router and the routed experts are replicated (experts split over
   ep instead), shared experts split like the dense MLP.
 
@@ -46,9 +48,15 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, plan: ParallelPlan) -> None:
     materialisation: DTensor parameters on the meta device, initialised later by name)."""
     sp = plan.sp
     between = Shard(1) if sp else Replicate()  # layout of the residual stream
+    # Learned positions are added to the whole sequence (the model indexes them by the
+    # tokens' positions), so under sp the embedding stays whole -- all-reduced, positions
+    # added, dropout drawn alike on the tp ranks -- and is cut into sequence shards at the
+    # first block's input, as Megatron-LM scatters after its embedding
+    whole_embedding = sp and model.spec.position == "learned"
     top: dict[str, object] = {}
     if model.tok_embeddings is not None:
-        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=between)
+        top["tok_embeddings"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Replicate() if whole_embedding else between)
     if model.norm is not None and sp:
         top["norm"] = SequenceParallel()
     if model.output is not None:
@@ -87,6 +95,12 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, plan: ParallelPlan) -> None:
                                                    desired_input_layouts=(Replicate(),)),
             })
         parallelize_module(block, tp_mesh, layer)
+    if whole_embedding and model.tok_embeddings is not None:
+        # (the first stage holds the embeddings and block 0; the slice's backward all-gathers)
+        parallelize_module(model.layers["0"], tp_mesh,
+                           PrepareModuleInput(input_layouts=(Replicate(), None),
+                                              desired_input_layouts=(Shard(1), None),
+                                              use_local_output=True))
     # parallelize_module replaced the embedding's parameter: a tied output layer follows it
     # again at materialisation (Transformer.tie_weights); both are Shard(0) over the vocabulary.
 

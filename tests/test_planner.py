@@ -48,6 +48,22 @@ def test_every_factorisation_is_considered(tiny):
     assert {e.plan.micro_batch for e in tiny.ranked if e.plan.dp == 1} == {1, 2, 4, 8, 16, 32}
 
 
+def test_zero_is_not_searched_at_dp_1_unless_fixed(tiny):
+    # ZeRO shards over dp: at dp 1 stages 1-3 keep zero 0's states, so they would only repeat
+    # the same plan in the table; --fix zero=3 (or offload, which needs stage 3) keeps them
+    assert {e.plan.zero for e in tiny.ranked if e.plan.dp == 1} == {0}
+    assert {e.plan.zero for e in tiny.ranked if e.plan.dp == 2} == {0, 1, 2, 3}
+    assert tiny.plans_rejected[S.ZERO_DP1] > 0
+    fixed = search(get_preset("tiny"), cluster("cpu", 4), 32, 256, dtype="fp32",
+                   fixed={"zero": 3, "dp": 1})
+    assert fixed.ranked and {e.plan.zero for e in fixed.ranked} == {3}
+    assert S.ZERO_DP1 not in fixed.plans_rejected
+    base = ParallelPlan(dp=1, tp=2, pp=2, global_batch=32, seq_len=256, dtype="fp32")
+    assert {p.zero for p in candidates(get_preset("tiny"), base, ["zero"])} == {0}
+    assert {p.zero for p in candidates(get_preset("tiny"), base.replace(dp=1, offload=True),
+                                       ["zero"])} == {3}
+
+
 def test_counts_add_up(tiny, llama405):
     for r in (tiny, llama405):
         assert r.plans_fit + sum(r.plans_rejected.values()) == r.plans_considered

@@ -172,7 +172,10 @@ def candidates(model: ModelSpec, base: ParallelPlan, free: Iterable[str],
     free = set(free)
     per_replica = base.global_batch // base.dp if base.global_batch % base.dp == 0 else 0
     mbs = _divisors(per_replica) if "micro_batch" in free and per_replica else [base.micro_batch]
-    zeros = [0, 1, 2, 3] if "zero" in free else [base.zero]
+    # (at dp 1 ZeRO has nothing to shard: every stage holds zero 0's states, so only 0 is tried,
+    # as the planner does; offload needs stage 3)
+    zeros = ([base.zero] if "zero" not in free else [3] if base.offload and base.dp == 1
+             else [0] if base.dp == 1 else [0, 1, 2, 3])
     rcs = ["none", "selective", "full"] if "recompute" in free else [base.recompute]
     sps = [False, True] if ("sp" in free and base.tp > 1) else [base.sp]
     if base.pp > 1:

@@ -11,7 +11,7 @@ The space, for ``N`` devices, a global batch and a sequence length:
   ``vpp`` virtual stages per rank -- every ``vpp`` dividing the layers per rank, and when the
   layers do not divide, uneven stages (``uneven_stages``, split by cost) for ``vpp`` up to
   :data:`MAX_UNEVEN_VPP` (Llama 3 405B's 126 layers on 16 stages is such a split);
-* every micro-batch dividing the per-replica batch, ZeRO stage 0-3, sequence parallelism on
+* every micro-batch dividing the per-replica batch, ZeRO stage 0-3 (only 0 at dp 1, where there is nothing to shard), sequence parallelism on
   and off when ``tp > 1``, and recomputation none / selective / full.
 
 Anything a ``fixed`` mapping names (``--fix tp=8,zero=1``) is held at that value.
@@ -62,6 +62,7 @@ SP_SEQ = "sequence parallel needs seq_len divisible by tp"
 FEW_MICROBATCHES = "fewer micro-batches than pipeline stages"
 OFFLOAD_ZERO = "offload needs ZeRO 3"
 COMPRESSION_ZERO = "gradient compression needs ZeRO 0"
+ZERO_DP1 = "ZeRO shards over dp: nothing to shard at dp 1"
 NO_FIT = "does not fit in memory"
 CP_SEQ = "cp needs seq_len divisible by 2*cp (zig-zag chunks)"
 CP_DEVICES = "cp does not divide the devices"
@@ -393,6 +394,10 @@ class _Walk:
             for zero in zeros:
                 why = (OFFLOAD_ZERO if offload and zero < 3 else COMPRESSION_ZERO
                        if compression != "none" and zero != 0 else None)
+                # at dp 1 every stage holds the same states as zero 0 (FSDP over one rank only
+                # adds its buffers): listing them would fill the table with copies of a plan
+                if why is None and dp == 1 and zero > 0 and not offload and "zero" not in fixed:
+                    why = ZERO_DP1
                 if why:
                     self.reject(why, len(rces), dict(mdims, sp=sp, zero=zero))
                     continue

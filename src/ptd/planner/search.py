@@ -11,8 +11,9 @@ The space, for ``N`` devices, a global batch and a sequence length:
   ``vpp`` virtual stages per rank -- every ``vpp`` dividing the layers per rank, and when the
   layers do not divide, uneven stages (``uneven_stages``, split by cost) for ``vpp`` up to
   :data:`MAX_UNEVEN_VPP` (Llama 3 405B's 126 layers on 16 stages is such a split);
-* every micro-batch dividing the per-replica batch, ZeRO stage 0-3 (only 0 at dp 1, where there is nothing to shard), sequence parallelism on
-  and off when ``tp > 1``, and recomputation none / selective / full.
+* every micro-batch dividing the per-replica batch, ZeRO stage 0-3 (only 0 at dp 1, where
+  there is nothing to shard), sequence parallelism on and off when ``tp > 1``, and
+  recomputation none / selective / full.
 
 Anything a ``fixed`` mapping names (``--fix tp=8,zero=1``) is held at that value.
 

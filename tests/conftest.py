@@ -35,6 +35,12 @@ def ptd_cli(capsys):
     return run
 
 
+@pytest.fixture(scope="module")
+def module_home(tmp_path_factory):
+    """A ptd home folder that one test module's training runs share."""
+    return tmp_path_factory.mktemp("ptd_home")
+
+
 @pytest.fixture
 def no_workers(monkeypatch, tmp_path):
     """Nothing may start a process; ptd's home is a fresh folder."""

@@ -30,15 +30,10 @@ trained = functools.partial(helpers.trained, dump_params=True, timeout=RUN_TIMEO
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    return tmp_path_factory.mktemp("ptd_home")
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, home):
+def reference(tmp_path_factory, module_home):
     """One process, fp32, one micro-batch, a checkpoint at step 5 (the resume's source)."""
     return trained(tmp_path_factory.mktemp("ref") / "run", "--nproc", "1", "--micro-batch", "8",
-                   "--checkpoint-every", "5", "--eval-every", "5", home=home)
+                   "--checkpoint-every", "5", "--eval-every", "5", home=module_home)
 
 
 def assert_losses(run, ref, rel, steps=range(1, 11)):
@@ -49,9 +44,9 @@ def assert_losses(run, ref, rel, steps=range(1, 11)):
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
-def test_tied_embeddings_on_two_stages_train_as_one_process(reference, home, tmp_path):
+def test_tied_embeddings_on_two_stages_train_as_one_process(reference, module_home, tmp_path):
     run = trained(tmp_path / "pp2", "--nproc", "2", "--pp", "2", "--schedule", "1f1b",
-                  "--micro-batch", "2", home=home)
+                  "--micro-batch", "2", home=module_home)
     assert_losses(run, reference, 1e-5)
     # the copy is left out of the norm: counted twice, the norm would exceed the reference
     assert grad_norms(run) == pytest.approx(grad_norms(reference), rel=1e-4)
@@ -67,12 +62,13 @@ def test_tied_embeddings_on_two_stages_train_as_one_process(reference, home, tmp
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
-def test_tied_and_learned_positions_on_pp2_tp2_sp_train_as_one_process(reference, home, tmp_path):
+def test_tied_and_learned_positions_on_pp2_tp2_sp_train_as_one_process(reference, module_home,
+                                                                        tmp_path):
     # tp: the copies are Shard(0) over the padded vocabulary, summed shard by shard; sp with
     # learned positions: the embedding stays whole (all-reduced, positions added) and block 0
     # takes its sequence shard -- which a refusal used to stand in for
     run = trained(tmp_path / "pp2tp2sp", "--nproc", "4", "--pp", "2", "--tp", "2", "--sp",
-                  "--micro-batch", "2", "--eval-every", "5", home=home)
+                  "--micro-batch", "2", "--eval-every", "5", home=module_home)
     assert_losses(run, reference, 1e-4)  # (tp: matmuls split, sums in another order)
     assert grad_norms(run) == pytest.approx(grad_norms(reference), rel=1e-4)
     assert_same_params(run, reference, 1e-5)
@@ -81,26 +77,26 @@ def test_tied_and_learned_positions_on_pp2_tp2_sp_train_as_one_process(reference
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
-def test_one_process_checkpoint_resumes_on_the_pipeline(reference, home, tmp_path):
+def test_one_process_checkpoint_resumes_on_the_pipeline(reference, module_home, tmp_path):
     # the last stage's copy reads the AdamW states a one-process run keeps under the
     # embedding's name; steps 6-10 then continue the uninterrupted run
     ckpt = reference / "checkpoints" / "step_00000005"
     out = tmp_path / "resumed"
     helpers.ok(helpers.ptd_train(out, "--resume", str(ckpt), "--nproc", "2", "--pp", "2",
-                                 "--micro-batch", "2", home=home, timeout=RUN_TIMEOUT))
+                                 "--micro-batch", "2", home=module_home, timeout=RUN_TIMEOUT))
     assert_losses(out, reference, 1e-5, steps=range(6, 11))
 
 
 @pytest.mark.timeout(2 * RUN_TIMEOUT + 60)
-def test_fp16_loss_scaling_on_pipeline_and_tensor_parallel(home, tmp_path):
+def test_fp16_loss_scaling_on_pipeline_and_tensor_parallel(module_home, tmp_path):
     # fp16 on a CPU: torch's autocast and GradScaler (emulated fp16 matmuls, slow but small).
     # The last stage scales its loss inside the schedule and the inner stage's gradients
     # arrive scaled; every rank unscales by the same scale. tp shards sum in another order
     # (1e-4 in fp32 elsewhere); fp16's rounding of those sums gives ~2e-4 here (measured).
     ref = trained(tmp_path / "ref16", "--nproc", "1", "--micro-batch", "8", "--dtype", "fp16",
-                  home=home)
+                  home=module_home)
     run = trained(tmp_path / "pp2tp2", "--nproc", "4", "--pp", "2", "--tp", "2",
-                  "--micro-batch", "2", "--dtype", "fp16", home=home)
+                  "--micro-batch", "2", "--dtype", "fp16", home=module_home)
     assert_losses(run, ref, 1e-3)
     assert grad_norms(run) == pytest.approx(grad_norms(ref), rel=1e-2)
     assert losses(ref)[-1] < losses(ref)[0] - 0.3

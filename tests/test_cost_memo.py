@@ -93,7 +93,9 @@ def test_activation_peak_is_the_plain_loop(attention):
                 k = M.in_flight(p, r)
                 t = k * P.layers_per_rank(m, p)[r] * per_layer
                 if r == first and m.dropout > 0:
-                    t += k * ab * p.seq_len * p.micro_batch * m.hidden / (p.tp if p.sp else 1)
+                    # (a learned-position embedding stays whole under sp: runtime/parallel/tp.py)
+                    shard = p.tp if p.sp and m.position != "learned" else 1
+                    t += k * ab * p.seq_len * p.micro_batch * m.hidden / shard
                 if r == last:
                     n_out = p.n_microbatches if (p.pp > 1 and p.schedule == "gpipe") else 1
                     t += (n_out * M.output_activation_bytes(m, p.seq_len, p.micro_batch, p.tp, p.sp, ab)

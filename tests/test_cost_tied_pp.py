@@ -78,3 +78,25 @@ def test_nothing_to_sync_without_a_pipeline_or_on_the_v():
     il = ParallelPlan(pp=2, vpp=2, global_batch=8, micro_batch=1, seq_len=1024,
                       schedule="interleaved-1f1b")
     assert extra(il, 2) == pytest.approx(pair_all_reduce(4 * ROWS * HIDDEN, *NVLINK), rel=1e-9)
+
+
+def test_sequence_parallel_keeps_a_learned_position_embedding_whole():
+    # Under sp the runtime keeps a learned-position model's embedding whole over tp (positions
+    # are added to the whole sequence; block 0 takes its shard), so the embedding's dropout
+    # mask is s b h bytes-per-element on every tp rank, not 1/tp of it as with RoPE. Only that
+    # term depends on both dropout and the position kind; per block dropout masks are alike.
+    # gpt2 h = 768, s = 256, b = 2, bf16 (2 bytes), tp 2, pp 1 (one micro-batch in flight):
+    # extra = 2 * 256 * 2 * 768 * (1 - 1/2) = 393,216 bytes.
+    from ptd.cost.memory import activation_bytes
+    plan = ParallelPlan(tp=2, sp=True, global_batch=2, micro_batch=2, seq_len=256, dtype="bf16")
+
+    def dropout_share(position):
+        m = GPT2.replace(position=position, tied_embeddings=False)
+        return (activation_bytes(m.replace(dropout=0.1), plan)
+                - activation_bytes(m.replace(dropout=0.0), plan))
+    assert dropout_share("learned") - dropout_share("rope") == 393_216
+    no_sp = plan.replace(sp=False)  # without sp both keep the whole mask
+    learned = GPT2.replace(tied_embeddings=False)
+    assert (activation_bytes(learned.replace(dropout=0.1), no_sp)
+            - activation_bytes(learned.replace(dropout=0.0), no_sp)
+            - dropout_share("learned")) > 0  # (the blocks' masks are whole too without sp)

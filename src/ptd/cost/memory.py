@@ -309,7 +309,10 @@ def activation_bytes(model: ModelSpec, plan: ParallelPlan, attention: AttentionK
     out_keep = output_activation_bytes(model, plan.seq_len, plan.micro_batch, plan.tp, plan.sp, ab,
                                        fused_norm)
     out_work = output_transient_bytes(model, plan.seq_len, plan.micro_batch, plan.tp)
-    emb = ab * plan.seq_len * plan.micro_batch * model.hidden / (plan.tp if plan.sp else 1)
+    # the embedding's dropout mask: a sequence shard under sp, except with learned positions,
+    # whose embedding the runtime keeps whole over tp (runtime/parallel/tp.py) until block 0
+    emb_shard = plan.tp if plan.sp and model.position != "learned" else 1
+    emb = ab * plan.seq_len * plan.micro_batch * model.hidden / emb_shard
     layout = P.layout_key(plan)
     first, last = P.ends_of(layout)
     m, v = plan.n_microbatches, plan.stages_per_rank

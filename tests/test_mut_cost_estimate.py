@@ -39,6 +39,8 @@ def test_fused_norm_rule():
     # a kind read at run time (a hardware file's text), not the interned literal
     cpu_kind = "".join(["c", "p", "u"])
     assert fused_norm(CostOptions(), H100.replace(kind=cpu_kind)) is False
+    # any other kind counts as an accelerator with fused kernels ("accelerator" < "cpu")
+    assert fused_norm(CostOptions(), H100.replace(kind="accelerator")) is True
 
 
 def test_divisors():
@@ -266,3 +268,28 @@ def test_choose_when_nothing_fits_takes_the_smallest_micro_batch():
     e = choose(TINY, c, base, ["micro_batch"])
     assert e.memory.fits is False
     assert e.plan.micro_batch == 1 and e.chosen == {"micro_batch": 1}
+
+
+def test_options_and_estimates_are_frozen():
+    import dataclasses
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        CostOptions().dp_overlap = False  # type: ignore[misc]
+    e = estimate(TINY, ClusterSpec(H100, 2), ParallelPlan(dp=2, global_batch=8, seq_len=64))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        e.tokens = 1.0  # type: ignore[misc]
+
+
+def test_candidate_micro_batches_divide_the_batch_per_replica():
+    # global batch 6 over dp 2: 3 sequences per replica, micro-batches 1 and 3
+    base = ParallelPlan(dp=2, global_batch=6, seq_len=64)
+    assert [p.micro_batch for p in candidates(TINY, base, ["micro_batch"])] == [1, 3]
+
+
+def test_uneven_layers_per_rank_keep_the_base_vpp():
+    # 5 layers over pp 2 is no whole number per rank: vpp is not searched, the base's 2 is
+    # kept, with the schedules that run 2 stages per rank (interleaved 1F1B, ZB-V)
+    five = TINY.replace(n_layers=5)
+    base = ParallelPlan(dp=1, pp=2, vpp=2, global_batch=8, seq_len=64, uneven_stages=True,
+                        schedule="interleaved-1f1b")
+    got = {(p.vpp, p.schedule) for p in candidates(five, base, ["vpp", "schedule"])}
+    assert got == {(2, "interleaved-1f1b"), (2, "zero-bubble")}

@@ -1,0 +1,68 @@
+"""cost/stacks.py: each named stack's behaviours, read off the sources each one cites
+(written from the survivors of a mutation run, docs/testing.md). Torch-free."""
+
+import dataclasses
+
+import pytest
+
+from ptd.cost.estimate import CostOptions
+from ptd.cost.stacks import STACKS, Stack, stack_options
+from ptd.errors import PtdError
+
+ALL4 = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")
+MEGATRON2 = ("1f1b", "interleaved-1f1b")  # Narayanan et al. 2021, section 2.2
+
+# (attention, dp_overlap, recompute_early_stop, tp_grad_per_linear, schedules), from the
+# citations in stacks.py:
+EXPECTED = {
+    # PyTorch SDPA (flash), DDP/FSDP2 reduce during backward, non-reentrant checkpoint
+    # (early stop), DTensor per-linear input-gradient reduction, all four schedules
+    "ptd": ("flash", True, True, True, ALL4),
+    # SC21: unfused attention (scores), all-reduce after backward (overlap came in 2023),
+    # full recompute re-runs the forward, fused QKV/MLP projections; 1F1B and interleaved
+    "megatron-2021": ("scores", False, False, False, MEGATRON2),
+    # Megatron-Core: TE fused attention, --overlap-grad-reduce, fused projections
+    "megatron-core": ("flash", True, False, False, MEGATRON2),
+    # torchtitan: the same PyTorch pieces as ptd
+    "torchtitan": ("flash", True, True, True, ALL4),
+    # Megatron-DeepSpeed: Megatron 2021 kernels, ZeRO overlap_comm, 1F1B only
+    "deepspeed": ("scores", True, False, False, ("1f1b",)),
+}
+
+
+def test_the_five_stacks_and_nothing_else():
+    assert set(STACKS) == set(EXPECTED)
+    for name, s in STACKS.items():
+        assert s.name == name
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_stack_options_carry_each_behaviour(name):
+    attention, overlap, early, per_linear, schedules = EXPECTED[name]
+    o = stack_options(name)
+    assert isinstance(o, CostOptions)
+    assert o.attention == attention
+    assert o.dp_overlap is overlap
+    assert o.recompute_early_stop is early
+    assert o.tp_grad_per_linear is per_linear
+    assert o.schedules == schedules
+    # what a stack does not name keeps CostOptions' defaults
+    d = CostOptions()
+    assert (o.convention, o.gqa_expanded, o.fused_norm, o.moe_imbalance, o.ps_servers) == \
+        (d.convention, d.gqa_expanded, d.fused_norm, d.moe_imbalance, d.ps_servers)
+
+
+def test_unknown_stack_is_a_ptd_error_naming_the_known_ones():
+    with pytest.raises(PtdError) as e:
+        stack_options("nemo")
+    msg = str(e.value)
+    assert "unknown stack 'nemo'" in msg
+    assert "known: ptd, megatron-2021, megatron-core, torchtitan, deepspeed" in msg
+    # raised "from None": the KeyError is not chained
+    assert e.value.__cause__ is None and e.value.__suppress_context__
+
+
+def test_stack_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        STACKS["ptd"].dp_overlap = False  # type: ignore[misc]
+    assert dataclasses.is_dataclass(Stack)

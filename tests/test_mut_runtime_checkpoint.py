@@ -54,3 +54,15 @@ def test_padded_safetensors_names_both_sizes(tmp_path):
     with pytest.raises(PtdError) as e:
         check_header(p)
     assert f"the file has {8 + n + 8 + 3} bytes, its header describes {8 + n + 8} " in str(e.value)
+
+
+def test_mixtral_export_has_no_router_jitter():
+    # ptd's router adds no noise to its logits, so an exported Mixtral config must not ask
+    # transformers for any (router_jitter_noise multiplies the logits by U(1-j, 1+j) in
+    # training: only j = 0 is ptd's router); experts and top-k are the model's own.
+    from ptd.runtime.checkpoint.hf import hf_config
+    from ptd.specs import load_model
+    cfg = hf_config(load_model({"preset": "tiny", "n_experts": 4, "top_k": 2}))
+    assert cfg["model_type"] == "mixtral"
+    assert cfg["router_jitter_noise"] == 0.0
+    assert (cfg["num_local_experts"], cfg["num_experts_per_tok"]) == (4, 2)

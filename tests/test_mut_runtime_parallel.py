@@ -91,3 +91,39 @@ def test_vocab_parallel_cross_entropy_on_one_rank_is_cross_entropy(one_rank_gloo
     (ours * w).sum().backward()
     (ref * w).sum().backward()
     torch.testing.assert_close(a.grad, b.grad)
+
+
+@pytest.mark.parametrize("dp,tp,pp,zero,runner_reduces", [
+    # plain DDP (dp 2, no tp/pp, zero 0): DDP's own hooks reduce, the runner must not again
+    (2, 1, 1, 0, False),
+    # one replica: nothing to reduce
+    (1, 2, 1, 0, False),
+    # FSDP (zero >= 1) reduce-scatters itself
+    (2, 2, 1, 1, False),
+    # dp 2 with tp or pp: no DDP wrapper, so the runner all-reduces over dp
+    (2, 2, 1, 0, True),
+    (2, 1, 2, 0, True),
+])
+def test_who_reduces_gradients_over_dp(dp, tp, pp, zero, runner_reduces):
+    from torch import nn
+    from ptd.runtime.parallel.ddp import dp_grad_sync
+    from ptd.specs import ParallelPlan
+    plan = ParallelPlan(dp=dp, tp=tp, pp=pp, zero=zero)
+    got = dp_grad_sync(nn.Linear(2, 2), plan, None)
+    assert (got is not None) == runner_reduces
+
+
+@pytest.mark.timeout(60)
+def test_one_process_without_a_launcher_makes_its_own_world(monkeypatch):
+    # no RANK in the environment (not started by torchrun): a world of one, rank 0, built
+    # from an in-memory store -- no MASTER_ADDR needed
+    import torch.distributed as dist
+    from ptd.runtime.parallel.mesh import init_distributed, shutdown
+    from ptd.specs import ParallelPlan
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    try:
+        dims = init_distributed(ParallelPlan(), timeout_s=30)
+        assert (dims.rank, dist.get_world_size(), dims.is_main) == (0, 1, True)
+    finally:
+        shutdown()

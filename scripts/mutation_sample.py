@@ -63,9 +63,9 @@ def sample(db_path: str, n: int, seed: int) -> None:
 def report(db_path: str, survivors: bool) -> None:
     with use_db(db_path, WorkDB.Mode.open) as db:
         total = db.num_work_items
-        rows = [(w, r) for w, r in db.completed_work_items
-                if r.worker_outcome != WorkerOutcome.SKIPPED]
-        pending = total - db.num_results
+        completed = db.completed_work_items  # one snapshot: exec may be writing results
+        rows = [(w, r) for w, r in completed if r.worker_outcome != WorkerOutcome.SKIPPED]
+        pending = total - len(completed)
     killed = [w for w, r in rows if r.test_outcome == TestOutcome.KILLED]
     alive = [(w, r) for w, r in rows if r.test_outcome == TestOutcome.SURVIVED]
     other = [(w, r) for w, r in rows if r.test_outcome not in (TestOutcome.KILLED,

@@ -156,3 +156,10 @@ def test_the_default_limit_is_2000_plans(priced):
     ranked = [plan(str(i), 1, 5000.0 - i) for i in range(2001)]
     best = best_by_mode(MODEL, ranked, ["1d"])
     assert best["1d"]["estimate"] is ranked[1999]
+
+
+def test_a_plan_without_tp_still_counts_for_a_later_1d(priced):
+    # modes in the order 2d, 1d: the tp-1 plan is skipped for 2d, then is 1d's plan
+    one = plan("one", 1, 1.0)
+    best = best_by_mode(MODEL, [one], ["2d", "1d"])
+    assert list(best) == ["1d"] and best["1d"]["estimate"] is one

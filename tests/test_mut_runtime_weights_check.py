@@ -60,6 +60,9 @@ def test_a_header_length_beyond_the_file(tmp_path):
     p = tmp_path / "m.safetensors"
     p.write_bytes(struct.pack("<Q", 3) + b"{}")  # says 3 header bytes, 2 follow (size 10)
     refused(p, r"header length 3 exceeds the file \(10 bytes\)")
+    r = tmp_path / "m17.safetensors"
+    r.write_bytes(struct.pack("<Q", 10) + b'{"a": 1}\n')  # says 10, 9 follow (size 17)
+    refused(r, r"header length 10 exceeds the file \(17 bytes\)")
     q = tmp_path / "exact.safetensors"
     q.write_bytes(struct.pack("<Q", 2) + b"{}")  # exactly 2 follow: a valid empty header
     assert check_header(q) == {}
@@ -72,7 +75,7 @@ def test_a_header_that_is_not_json_or_not_an_object(tmp_path):
 
 
 def test_an_unreadable_path(tmp_path):
-    refused(tmp_path / "missing.safetensors", "cannot read")
+    refused(tmp_path / "missing.safetensors", r"cannot read \(No such file or directory\)$")
 
 
 @pytest.mark.parametrize("entry", [
@@ -105,6 +108,7 @@ def test_malformed_shapes(tmp_path, shape):
     [0, 4],     # one too few
     [4, 0],     # reversed
     [-4, 4],    # negative start (8 bytes, but before the data)
+    [-1, 7],    # the same, one byte before
     [0.0, 8],   # not integers
 ])
 def test_offsets_must_hold_the_shape(tmp_path, offsets):
@@ -145,3 +149,37 @@ def test_check_tensors():
     t = torch.tensor([1.0, float("inf"), float("nan"), -float("inf"), 2.0])
     with pytest.raises(PtdError, match=r"^init_from: f: w holds 3 non-finite value\(s\)"):
         check_tensors({"ok": torch.zeros(1), "w": t}, "f")
+
+
+def test_a_header_is_at_most_100_mib(tmp_path):
+    # the length field is trusted only up to 100 MiB (a damaged field must not make ptd read a
+    # whole checkpoint as JSON). Sparse files of 8 + 100 MiB + 2 bytes: a length of exactly
+    # 100 MiB is read (and is not JSON: zeros), one byte more is refused unread.
+    cap = 100 * 2**20
+    for n, match in ((cap, "not JSON"), (cap + 1, rf"header length {cap + 1} exceeds")):
+        p = tmp_path / f"h{n}"
+        with open(p, "wb") as f:
+            f.write(struct.pack("<Q", n))
+            f.truncate(8 + cap + 2)
+        refused(p, match)
+
+
+def test_every_tensor_name_is_checked(tmp_path):
+    # only the literal "__metadata__" entry is skipped: names that sort before or after it
+    # ("A", "Weight", "_a", "z") are tensors and are checked like any other
+    for name in ("A", "Weight", "_a", "z"):
+        header = {name: {"dtype": "I32", "shape": [1], "data_offsets": [0, 4]}}
+        refused(write(tmp_path / name, header), f"tensor '{name}' has dtype I32")
+
+
+def test_the_size_message_adds_the_parts(tmp_path):
+    # "describes 8 + n + end": the length field, the header and the data, added; header
+    # lengths n + 0..7 and a 6-byte tensor make every bit pattern of the sum occur
+    for pad in range(8):
+        header = {"__metadata__": {"p": "x" * pad},
+                  "w": {"dtype": "F16", "shape": [3], "data_offsets": [0, 6]}}
+        h = json.dumps(header).encode()
+        p = tmp_path / f"pad{pad}"
+        p.write_bytes(struct.pack("<Q", len(h)) + h + bytes(7))  # one byte too many
+        refused(p, rf"the file has {8 + len(h) + 7} bytes, its header describes "
+                   rf"{8 + len(h) + 6} \(truncated or padded\)")

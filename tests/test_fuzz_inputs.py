@@ -21,7 +21,7 @@ from ptd.specs.tomlio import dumps
 ROOT = Path(__file__).resolve().parents[1]
 # 150 fixed examples per property by default (~15 s in all); PTD_FUZZ_EXAMPLES=2000
 # PTD_FUZZ_RANDOM=1 explores further with fresh random examples.
-FUZZ = settings(max_examples=int(os.environ.get("PTD_FUZZ_EXAMPLES", "150")), deadline=None,
+FUZZ = settings(max_examples=int(os.environ.get("PTD_FUZZ_EXAMPLES", "60")), deadline=None,
                 derandomize=os.environ.get("PTD_FUZZ_RANDOM") != "1",
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 

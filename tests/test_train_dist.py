@@ -41,7 +41,8 @@ def reference(tmp_path_factory, home):
 
 
 @pytest.mark.timeout(2 * RUN_TIMEOUT + 60)
-@pytest.mark.parametrize("zero", [0, 1, 2, 3], ids=["ddp", "zero1", "zero2", "zero3"])
+# (ZeRO-1/2 parity on dp 2: test_zero12_one_block_per_unit, one block per unit)
+@pytest.mark.parametrize("zero", [0, 3], ids=["ddp", "zero3"])
 def test_loss_parity_with_single_process(reference, home, tmp_path, zero):
     # 2 workers x micro-batch 4: no accumulation; micro-batch 2: accumulation over 2.
     for mb in (4, 2):

@@ -34,8 +34,12 @@ trained = functools.partial(helpers.trained, dump_params=True, timeout=RUN_TIMEO
 # Layouts another run covers are left out to keep CI within its time (tp 2 alone: dp2-tp2;
 # ZeRO-1 with tp 2: the 3-D example; ZeRO-2 with pp 2: its zero-bubble run; cp with ZeRO-1:
 # the same code as with ZeRO-2, FSDP over dp then the average over cp; pp 2 x tp 2 with sp:
-# tests/test_tied_pipeline.py, which adds tied embeddings and learned positions; tp 4 2-D
-# alone: dp2-tp4-2d).
+# tests/test_tied_pipeline.py, which adds tied embeddings and learned positions; 2-D tp:
+# tests/test_tp2d.py (one step against one process, every gradient; checkpoints 2d <-> 1d);
+# cp 2 alone, cp2 x tp2 and cp with ZeRO-3: cp4, cp2-tp2-sp and cp2-dp2-zero2 run the same
+# code; cp2-dp2: cp2-dp2-zero2; and bf16 with full recompute on the 3-D mesh (bf16 and
+# recompute: test_train_dist.py); all left out 2026-11-26 to
+# keep CI within 20 minutes).
 LAYOUTS = [
     ("tp2-sp", ["--nproc", "2", "--tp", "2", "--sp", "--micro-batch", "4"], 1e-4),
     ("pp2-gpipe", ["--nproc", "2", "--pp", "2", "--schedule", "gpipe", "--micro-batch", "2"], 1e-5),
@@ -61,21 +65,14 @@ LAYOUTS = [
     # regathers per block; both average the shards over cp once per step
     ("cp2-dp2-zero2", ["--nproc", "4", "--cp", "2", "--dp", "2", "--zero", "2",
                        "--micro-batch", "2"], 1e-5),
-    ("cp2-dp2-zero3", ["--nproc", "4", "--cp", "2", "--dp", "2", "--zero", "3",
-                       "--micro-batch", "2"], 1e-5),
     # context parallel: zig-zag slices, K/V passed around a ring per layer; 1e-5 for all
     # a ring of 4 (on 2 ranks next and previous are the same rank: a reversed ring passes)
     ("cp4", ["--nproc", "4", "--cp", "4", "--micro-batch", "4", *EVAL], 1e-5),
-    ("cp2", ["--nproc", "2", "--cp", "2", "--micro-batch", "4"], 1e-5),
-    ("cp2-dp2", ["--nproc", "4", "--cp", "2", "--dp", "2", "--micro-batch", "2"], 1e-5),
-    ("cp2-tp2", ["--nproc", "4", "--cp", "2", "--tp", "2", "--micro-batch", "4"], 1e-5),
     # sequence parallel inside each cp slice: the slice's tokens split again over tp
     ("cp2-tp2-sp", ["--nproc", "4", "--cp", "2", "--tp", "2", "--sp", "--micro-batch", "4"], 1e-5),
     ("cp2-pp2", ["--nproc", "4", "--cp", "2", "--pp", "2", "--micro-batch", "2", *EVAL], 1e-5),
     # 2-D tensor parallel (tp 4 as a 2 x 2 mesh): weights in blocks, activations split batch
     # over mesh rows and hidden over columns; with dp 2, gradients averaged by the runner
-    ("dp2-tp4-2d", ["--nproc", "8", "--dp", "2", "--tp", "4", "--tp-mode", "2d",
-                    "--micro-batch", "2", *EVAL], 1e-4),
     # the 3-D example of docs/parallelism.md
     ("pp2-dp2-tp2-zero1-sp", ["--nproc", "8", "--pp", "2", "--dp", "2", "--tp", "2", "--zero", "1",
                               "--sp", "--micro-batch", "2", *EVAL], 1e-4),
@@ -133,21 +130,6 @@ def test_loss_parity_with_single_process(reference, home, tmp_path, flags, rel, 
     assert summary["world_size"] == nproc == p["dp"] * p["tp"] * p["pp"] * p.get("cp", 1)
     # the parity table of docs/benchmarks.md: pytest tests/test_train_tppp.py -k parity -s | grep PARITY
     print(f"\nPARITY | {request.node.callspec.id} | {' '.join(flags)} | {worst:.1e} | {params_rel:.1e} |")
-
-
-@pytest.mark.timeout(RUN_TIMEOUT + 60)
-def test_bf16_recompute_on_3d_mesh_trains(home, tmp_path):
-    # short: bf16 matmuls are emulated on this CPU (AVX2), ~18x slower than fp32
-    common = ["--model", "tiny", "--steps", "6", "--global-batch", "8", "--seq-len", "32",
-              "--warmup", "2", "--timeout", "60"]
-    flags = ["--nproc", "8", "--pp", "2", "--dp", "2", "--tp", "2", "--sp", "--micro-batch", "2",
-             "--recompute", "full", "--dtype", "bf16"]
-    run = trained(tmp_path / "bf16", *flags, home=home, common=common, timeout=RUN_TIMEOUT)
-    lb = losses(run)
-    assert len(lb) == 6 and all(math.isfinite(x) for x in lb)
-    assert lb[-1] < lb[0] - 0.5, lb
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["dtype"] == "bf16" and summary["plan"]["recompute"] == "full"
 
 
 # ------------------------------------------------------------------ refusals (no worker)

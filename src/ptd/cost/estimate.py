@@ -164,6 +164,15 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def zero_stages(dp: int, offload: bool) -> list[int]:
+    """The ZeRO stages worth trying (estimate's free knob, the planner's search): at dp 1 there
+    is nothing to shard -- every stage holds zero 0's states -- so only 0 (3 with offload,
+    which needs it)."""
+    if dp > 1:
+        return [0, 1, 2, 3]
+    return [3] if offload else [0]
+
+
 def candidates(model: ModelSpec, base: ParallelPlan, free: Iterable[str],
                schedules: Iterable[str] = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")
                ) -> Iterable[ParallelPlan]:
@@ -172,10 +181,7 @@ def candidates(model: ModelSpec, base: ParallelPlan, free: Iterable[str],
     free = set(free)
     per_replica = base.global_batch // base.dp if base.global_batch % base.dp == 0 else 0
     mbs = _divisors(per_replica) if "micro_batch" in free and per_replica else [base.micro_batch]
-    # (at dp 1 ZeRO has nothing to shard: every stage holds zero 0's states, so only 0 is tried,
-    # as the planner does; offload needs stage 3)
-    zeros = ([base.zero] if "zero" not in free else [3] if base.offload and base.dp == 1
-             else [0] if base.dp == 1 else [0, 1, 2, 3])
+    zeros = zero_stages(base.dp, base.offload) if "zero" in free else [base.zero]
     rcs = ["none", "selective", "full"] if "recompute" in free else [base.recompute]
     sps = [False, True] if ("sp" in free and base.tp > 1) else [base.sp]
     if base.pp > 1:

@@ -35,7 +35,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from ..cost.estimate import CostOptions, Estimate, fused_norm
+from ..cost.estimate import CostOptions, Estimate, fused_norm, zero_stages
 from ..cost.flops import flops_per_token
 from ..cost.memory import memory
 from ..cost.step import step_time
@@ -395,9 +395,8 @@ class _Walk:
             for zero in zeros:
                 why = (OFFLOAD_ZERO if offload and zero < 3 else COMPRESSION_ZERO
                        if compression != "none" and zero != 0 else None)
-                # at dp 1 every stage holds the same states as zero 0 (FSDP over one rank only
-                # adds its buffers): listing them would fill the table with copies of a plan
-                if why is None and dp == 1 and zero > 0 and not offload and "zero" not in fixed:
+                # (copies of one plan in the table otherwise; estimate's rule)
+                if why is None and "zero" not in fixed and zero not in zero_stages(dp, offload):
                     why = ZERO_DP1
                 if why:
                     self.reject(why, len(rces), dict(mdims, sp=sp, zero=zero))

@@ -22,16 +22,16 @@ def hw():
 
 
 def test_members_per_node_default_to_n_over_nodes(hw):
-    # 16 ranks on 2 nodes, per_node not given -> 8 each: RS inside (7*2e-6 + 7/8*0.02)
-    # + RS across on M/8 (1e-5 + 1/2 * 1.25e8/8e9)
-    want = (1.4e-5 + 0.0175) + (1e-5 + 0.0078125)
+    # 16 ranks on 2 nodes, per_node not given -> 8 each. One ring of 15 steps: 14 inside
+    # nodes (14 * 2e-6) and 1 across (1e-5); bytes 7/8 * 0.02 inside + 1/2 * 1.25e8/8e9 across
+    want = (2.8e-5 + 0.0175) + (1e-5 + 0.0078125)
     assert collective_time("reduce_scatter", M, 16, hw, nodes=2) == pytest.approx(want, rel=REL)
 
 
 def test_two_members_per_node_is_hierarchical(hw):
-    # 4 ranks, 2 nodes of 2: AG inside over 2 (1 alpha + 1/2 * 0.02) + AG across on M/2
-    # over 2 nodes (1e-5 + 1/2 * 5e8/8e9 = 1e-5 + 0.03125)
-    want = (2e-6 + 0.01) + (1e-5 + 0.03125)
+    # 4 ranks, 2 nodes of 2: one ring of 3 steps, 2 inside nodes (2 * 2e-6) and 1 across
+    # (1e-5); bytes 1/2 * 0.02 inside + 1/2 * 5e8/8e9 = 0.03125 across
+    want = (4e-6 + 0.01) + (1e-5 + 0.03125)
     assert collective_time("all_gather", M, 4, hw, nodes=2, per_node=2) == pytest.approx(want, rel=REL)
 
 

@@ -67,9 +67,11 @@ HIER_2x8 = {
     # RS inside + all-reduce across on M/8 (2 nodes: ring 2 alphas = tree 2 alphas;
     # 2*(1/2)*0.015625) + AG inside
     "all_reduce": 0.017514 + (2 * 1e-5 + 0.015625) + 0.017514,   # 0.050673
-    # RS inside on M + RS across on M/8 (1 alpha + 1/2*0.015625 = 0.0078225)
-    "reduce_scatter": 0.017514 + (1e-5 + 0.0078125),             # 0.0253365
-    "all_gather": 0.017514 + (1e-5 + 0.0078125),
+    # NCCL's one ring over the 16 ranks: 15 steps, 1 of them across nodes (nodes - 1),
+    # 14 inside (NCCL tuning.cc: (nsteps - nInterSteps) intraLat + nInterSteps interLat);
+    # bytes: 7/8 of M over NVLink (0.0175) + 1/2 of M/8 over each NIC (0.0078125)
+    "reduce_scatter": 14 * 2e-6 + 1e-5 + 0.0175 + 0.0078125,     # 0.0253505
+    "all_gather": 14 * 2e-6 + 1e-5 + 0.0175 + 0.0078125,
     # broadcast across on M/8 (1 alpha + 0.015625) then inside on M (3 alphas + 0.02)
     "broadcast": (1e-5 + 0.015625) + (3 * 2e-6 + 0.02),          # 0.035641
     # 1/N = 1/2 of each rank's data stays in the node: all-to-all inside on M/2

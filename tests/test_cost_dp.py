@@ -210,3 +210,27 @@ def test_zero3_reduces_with_an_all_reduce_on_gloo(hw: str, kind_factor: float) -
     t = dp_terms(TINY, p, cluster(hw, 4), mb(nl=4), (4, 1, 4), by_kind, False, True)
     ag = 1.5 * 2 * 36_992 / 1e9
     assert t.total == pytest.approx(2 * 4 * ag + 4 * kind_factor * 4 * 36_992 / 1e9)
+
+
+def test_zero3_gathered_tensor_by_tensor_and_waited_for() -> None:
+    # DeepSpeed 2021 (zero3_gather "param-sync"): the tiny block's 9 tensors (2 norms, wq,
+    # wk, wv, wo, w1, w3, w2) each gathered on its own -> 9 stand-in latencies of 1 ms and
+    # the block's 2 * 36,992 B once: 9e-3 + 73.984e-6 = 9.073984 ms per block gather. None
+    # hides. Full recompute gathers a third time. Reduce-scatter 147.968 us per block hides
+    # behind backward 0.9 ms + recompute 0.4 ms, except the last block's.
+    p = ParallelPlan(dp=4, zero=3, micro_batch=1, global_batch=8, dtype="bf16", recompute="full")
+    m = mb(nl=4, block=blk(2e-3, 0.9e-3, 0.4e-3))
+    ag, rs = 9.073984e-3, 147.968e-6
+
+    def run(plan, overlap=True):  # noqa: ANN001
+        return dp_terms(TINY, plan, GPU, m, (4, 1, 4), coll, overlap, True, 0, "param-sync")
+    t = run(p)
+    assert t.total == pytest.approx(3 * 2 * 4 * ag + 4 * rs)
+    assert t.exposed == pytest.approx(3 * 2 * 4 * ag + rs)
+    t = run(p.replace(recompute="none"))  # forward and backward gathers only
+    assert t.total == pytest.approx(2 * 2 * 4 * ag + 4 * rs)
+    assert t.exposed == pytest.approx(2 * 2 * 4 * ag + rs)
+    t = run(p, overlap=False)  # nothing hides: every reduce-scatter shows too
+    assert t.exposed == pytest.approx(t.total)
+    # the default (FSDP's per-block prefetched gathers) prices 1 latency per block gather
+    assert terms(p, m).total == pytest.approx(2 * 2 * 4 * 1.073984e-3 + 4 * rs)

@@ -27,10 +27,15 @@ EXPECTED = {
     "torchtitan": ("flash", True, True, True, ALL4),
     # Megatron-DeepSpeed: Megatron 2021 kernels, ZeRO overlap_comm, 1F1B only
     "deepspeed": ("scores", True, False, False, ("1f1b",)),
+    # DeepSpeed of 2021: the same, its ZeRO-3 gathering tensor by tensor (below)
+    "deepspeed-2021": ("scores", True, False, False, ("1f1b",)),
 }
+# ZeRO-3 gathers: per block and prefetched (FSDP, and DeepSpeed since its per-module
+# coalescing, #1188) except DeepSpeed 2021's one synchronous all-gather per tensor (#1069)
+ZERO3_GATHER = {name: "unit" for name in EXPECTED} | {"deepspeed-2021": "param-sync"}
 
 
-def test_the_five_stacks_and_nothing_else():
+def test_the_six_stacks_and_nothing_else():
     assert set(STACKS) == set(EXPECTED)
     for name, s in STACKS.items():
         assert s.name == name
@@ -46,6 +51,7 @@ def test_stack_options_carry_each_behaviour(name):
     assert o.recompute_early_stop is early
     assert o.tp_grad_per_linear is per_linear
     assert o.schedules == schedules
+    assert o.zero3_gather == ZERO3_GATHER[name]
     # what a stack does not name keeps CostOptions' defaults
     d = CostOptions()
     assert (o.convention, o.gqa_expanded, o.fused_norm, o.moe_imbalance, o.ps_servers) == \
@@ -57,7 +63,7 @@ def test_unknown_stack_is_a_ptd_error_naming_the_known_ones():
         stack_options("nemo")
     msg = str(e.value)
     assert "unknown stack 'nemo'" in msg
-    assert "known: ptd, megatron-2021, megatron-core, torchtitan, deepspeed" in msg
+    assert "known: ptd, megatron-2021, megatron-core, torchtitan, deepspeed, deepspeed-2021" in msg
     # raised "from None": the KeyError is not chained
     assert e.value.__cause__ is None and e.value.__suppress_context__
 

@@ -124,6 +124,17 @@ def test_stack_rule():
     assert case_stack(_case(source="pytorch/torchtitan docs")) == "torchtitan"
     assert case_stack(_case(source="PyTorch blog, FSDP")) == "ptd"
     assert case_stack(_case(stack="deepspeed")) == "deepspeed"
+    # DeepSpeed's era: 2021 or earlier -> deepspeed-2021 (per-tensor ZeRO-3 gathers)
+    assert case_stack(_case(source="Smith et al. 2022, Megatron-DeepSpeed")) == "deepspeed"
+    assert case_stack(_case(source="Rajbhandari et al. 2021, DeepSpeed ZeRO-Infinity")) == \
+        "deepspeed-2021"
+    # Megatron-LM of 2021 had no ZeRO: a ZeRO plan in a paper of that era ran on the engine
+    # the notes name; without ZeRO, or with notes naming none, the source decides
+    sc21 = dict(source="Narayanan et al. 2021, Megatron-LM, SC21", notes="ZeRO-3 via DeepSpeed")
+    assert case_stack(_case(plan={"zero": 3}, **sc21)) == "deepspeed-2021"
+    assert case_stack(_case(plan={"zero": "2 (stated)"}, **sc21)) == "deepspeed-2021"
+    assert case_stack(_case(plan={"zero": 0}, **sc21)) == "megatron-2021"
+    assert case_stack(_case(plan={"zero": 3}, source=sc21["source"], notes="")) == "megatron-2021"
 
 
 def test_unpriceable_cases_are_error_rows_with_the_reason():

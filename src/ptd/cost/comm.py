@@ -107,9 +107,13 @@ def collective_time(kind: str, nbytes: float, n: int, hw: HardwareSpec, nodes: i
         # 1/N of each rank's data stays in its node; the rest crosses the network
         return (flat_time("all_to_all", nbytes / nodes, k, intra.latency, intra.effective_bandwidth)
                 + (nodes - 1) / nodes * nbytes / inter.effective_bandwidth + (nodes - 1) * inter.latency)
-    # reduce-scatter / all-gather: one level inside, one across
-    return (flat_time(kind, nbytes, k, intra.latency, intra.effective_bandwidth)
-            + flat_time(kind, nbytes / k, nodes, inter.latency, inter.effective_bandwidth))
+    # reduce-scatter / all-gather: NCCL runs one ring over all n ranks; its n - 1 steps
+    # include nodes - 1 network hops, the rest inside nodes (NCCL src/graph/tuning.cc,
+    # ``(nsteps - nInterSteps) * intraLat + nInterSteps * interLat``). Bytes: the node's
+    # share over NVLink, then 1/k of the buffer over each of the k NICs.
+    latency = (n - nodes) * intra.latency + (nodes - 1) * inter.latency
+    return (latency + bus_factor(kind, k) * nbytes / intra.effective_bandwidth
+            + bus_factor(kind, nodes) * nbytes / k / inter.effective_bandwidth)
 
 
 def _scale_latency(kind: str, n: int, measured_n: int) -> float:

@@ -35,10 +35,12 @@ class DpTerms:
 
 def dp_terms(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
              group: tuple[int, int, int], coll: Callable[..., float], dp_overlap: bool,
-             recompute_early_stop: bool, ps_servers: int = 0) -> DpTerms:
+             recompute_early_stop: bool, ps_servers: int = 0,
+             zero3_gather: str = "unit") -> DpTerms:
     """``mbt``: the slowest rank's micro-batch (:class:`ptd.cost.step.MicroBatch`);
     ``group``: (size, nodes, per node) of the gradient group; ``coll``: the collective
-    pricing (``collective_time``'s arguments)."""
+    pricing (``collective_time``'s arguments); ``zero3_gather``: see
+    :class:`ptd.cost.estimate.CostOptions`."""
     dp_n, dp_nodes, dp_per = group
     if dp_n <= 1:
         return DpTerms()
@@ -52,12 +54,13 @@ def dp_terms(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: An
                 else dp_ps_time(grad_bytes, dp_n, ps_servers, hw))  # cost/ps.py
         last_bucket = t_ar * min(1.0, DDP_BUCKET_BYTES / grad_bytes)
         return DpTerms(t_ar, max(last_bucket, t_ar - window), 0.0)
-    return _fsdp(model, plan, cluster, mbt, group, coll, dp_overlap, recompute_early_stop)
+    return _fsdp(model, plan, cluster, mbt, group, coll, dp_overlap, recompute_early_stop,
+                 zero3_gather)
 
 
 def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
           group: tuple[int, int, int], coll: Callable[..., float], dp_overlap: bool,
-          recompute_early_stop: bool) -> DpTerms:
+          recompute_early_stop: bool, zero3_gather: str = "unit") -> DpTerms:
     """FSDP's per-block gathers and reduce-scatters (runtime/parallel/fsdp.py).
 
     ZeRO-3 gathers every block in the forward and again for the backward of every
@@ -89,6 +92,8 @@ def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
         blk_f = blk_b = 0.0
     if plan.zero < 3:
         return _zero12(model, plan, hw, nl, blk_f, blk_b, rs_kind, group, coll)
+    if zero3_gather == "param-sync":
+        return _zero3_per_param(model, plan, hw, nl, blk_b, rs_block, group, coll)
     hidden_ag = max(0.0, ag_block - blk_f)  # prefetch one block ahead
     total = 2 * m * nl * ag_block + nl * rs_block  # ZeRO-3 gathers again for the backward
     exposed = m * (ag_block + (nl - 1) * hidden_ag)
@@ -129,3 +134,28 @@ def _zero12(model: ModelSpec, plan: ParallelPlan, hw: Any, nl: int, blk_f: float
         return DpTerms(total, exposed + rs(root) + n_units * rs_u, 0.0)
     backward = rs(root) + (rs_u + (n_units - 1) * max(0.0, rs_u - k * blk_b) if n_units else 0.0)
     return DpTerms(total, exposed + n_rs * backward, 0.0)
+
+
+def _zero3_per_param(model: ModelSpec, plan: ParallelPlan, hw: Any, nl: int, blk_b: float,
+                     rs_block: float, group: tuple[int, int, int],
+                     coll: Callable[..., float]) -> DpTerms:
+    """DeepSpeed's ZeRO-3 as of 2021: one all-gather per parameter tensor, each waited for
+    before the next is issued and before the module runs (DeepSpeed#1069: "all_gathers for
+    one parameter", a synchronisation before the next; PR#1188, June 2021: "the async
+    version is not async at all"), so no gather hides behind compute. Parameters are
+    released after each module's forward and fetched again for its backward and, under full
+    recompute, for the forward that recompute re-runs (the forward hooks fire again,
+    DeepSpeed#4784). Gradients are reduce-scattered during the last micro-batch's backward
+    (``overlap_comm``), as FSDP does.
+
+    ``t`` tensors of a block gathered one by one cost ``t`` collectives on ``1/t`` of the
+    block's bytes each: ``t`` latencies, the bandwidth term unchanged."""
+    dp_n, dp_nodes, dp_per = group
+    t = len(P.layer_params(model))
+    block_bytes = P.local_block_numel(model, plan.tp, plan.ep) * DTYPE_BYTES[plan.dtype]
+    ag_block = t * coll("all_gather", block_bytes / t, dp_n, hw, dp_nodes, dp_per)
+    gathers = 3 if plan.recompute == "full" else 2
+    gather_total = gathers * plan.n_microbatches * nl * ag_block
+    total = gather_total + nl * rs_block
+    exposed = gather_total + (nl - 1) * max(0.0, rs_block - blk_b) + rs_block
+    return DpTerms(total, exposed, 0.0)

@@ -51,6 +51,11 @@ class CostOptions:
     moe_imbalance: float = 1.0
     """Mixture-of-experts: the busiest expert-parallel rank's load over the mean (>= 1;
     ``ptd train`` measures ``moe_imbalance`` per step); see :mod:`ptd.cost.moe`."""
+    zero3_gather: str = "unit"
+    """ZeRO-3's parameter gathers: ``unit`` (one all-gather per block, prefetched one block
+    ahead behind compute: PyTorch FSDP, ptd's runtime) or ``param-sync`` (one all-gather per
+    parameter tensor, each waited for before the next, and again when full recompute re-runs
+    the forward: DeepSpeed's ZeRO-3 of 2021, see :mod:`ptd.cost.stacks`)."""
     ps_servers: int = 0
     """0: data-parallel gradients by collectives; S > 0: pushed to and pulled from S
     synchronous parameter servers (:mod:`ptd.cost.ps`; ZeRO 0/1 only)."""
@@ -146,7 +151,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                  options.attention, options.gqa_expanded, fused_norm(options, cluster.hardware))
     st = step_time(model, plan, cluster, options.attention, options.dp_overlap,
                    options.recompute_early_stop, options.tp_grad_per_linear,
-                   options.moe_imbalance, options.ps_servers)
+                   options.moe_imbalance, options.ps_servers, options.zero3_gather)
     d = float(tokens) if tokens else 20.0 * model.param_count()
     return Estimate(model, cluster, plan, fl, mem, st, d)
 

@@ -31,6 +31,9 @@ class Stack:
     schedules: tuple[str, ...]
     """Pipeline schedules the stack implements."""
     sources: str
+    zero3_gather: str = "unit"
+    """ZeRO-3's parameter gathers (:class:`ptd.cost.estimate.CostOptions`): ``unit``, one
+    per block, prefetched; ``param-sync``, one per tensor, synchronous, again in recompute."""
 
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
@@ -57,6 +60,14 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           "Megatron-DeepSpeed (Smith et al. 2022, arXiv 2201.11990; BLOOM 2022): Megatron's "
           "2021 kernels with DeepSpeed's ZeRO, whose reduction overlaps the backward "
           "(ZeRO config overlap_comm)."),
+    Stack("deepspeed-2021", "scores", True, False, False, ("1f1b",),
+          "DeepSpeed as of 2021 (ZeRO-3 released March 2021; the engine Narayanan et al. "
+          "2021 compare with): Megatron's 2021 kernels and reentrant checkpointing; ZeRO-3 "
+          "gathers each parameter tensor with its own all-gather and waits for it "
+          "(deepspeedai/DeepSpeed#1069, June 2021: one all-gather per parameter, a "
+          "synchronisation before the next; #1188 batched them per module later that "
+          "year), again when recompute re-runs a module's forward (#4784); gradient "
+          "reduce-scatter overlaps the backward (overlap_comm).", zero3_gather="param-sync"),
 )}
 
 
@@ -68,4 +79,5 @@ def stack_options(name: str, hardware: object = None) -> CostOptions:
         raise PtdError(f"unknown stack {name!r}; known: {', '.join(STACKS)}") from None
     return CostOptions(attention=s.attention, dp_overlap=s.dp_overlap,  # type: ignore[arg-type]
                        recompute_early_stop=s.recompute_early_stop,
-                       tp_grad_per_linear=s.tp_grad_per_linear, schedules=s.schedules)
+                       tp_grad_per_linear=s.tp_grad_per_linear, schedules=s.schedules,
+                       zero3_gather=s.zero3_gather)

@@ -31,8 +31,10 @@ reason, never skipped.
   names no project, the ``notes``): a Megatron-LM paper or
   Megatron-DeepSpeed run of 2022 or earlier -> ``megatron-2021``; Megatron-LM / Megatron-Core
   later -> ``megatron-core``; torchtitan -> ``torchtitan``; DeepSpeed (Megatron-DeepSpeed
-  included, checked first) -> ``deepspeed``; otherwise ``ptd`` (PyTorch FSDP/DDP). See
-  :mod:`ptd.cost.stacks`.
+  included, checked first) -> ``deepspeed``, or ``deepspeed-2021`` when every year in the
+  source is 2021 or earlier; otherwise ``ptd`` (PyTorch FSDP/DDP). Megatron-LM had no ZeRO
+  stage before 2022, so a ``megatron-2021`` case whose plan has a ZeRO stage takes the
+  stack its notes name, if they name one. See :mod:`ptd.cost.stacks`.
 * *Pipeline split.* Layers that the stages do not divide are split unevenly by cost (as
   Megatron-LM states first- and last-stage layer counts).
 * *The published figure.* ``mfu`` when given (compared with ptd's MFU), else ``hfu`` (ptd's
@@ -256,11 +258,23 @@ def case_stack(c: dict[str, Any]) -> str:
     """The stack a case ran on: its ``stack`` field, or the rule on its ``source`` text."""
     if c.get("stack"):
         return str(c["stack"])
-    src = str(c.get("source", ""))
+    src, notes = str(c.get("source", "")), str(c.get("notes", ""))
     years = [int(y) for y in re.findall(r"\b(20\d\d)\b", src)]
-    text = src if re.search(r"megatron|torchtitan|deepspeed", src, re.I) else str(c.get("notes", ""))
+    text = src if re.search(r"megatron|torchtitan|deepspeed", src, re.I) else notes
+    stack = _named_stack(text, years)
+    # Megatron-LM had no ZeRO stage before its distributed optimizer (2022): a ZeRO case
+    # from a paper of that era ran on the engine its notes name
+    zero = str((c.get("plan") or {}).get("zero", "0")).strip()
+    if stack == "megatron-2021" and zero[:1] in ("1", "2", "3"):
+        other = _named_stack(notes, years)
+        if other != "ptd":
+            return other
+    return stack
+
+
+def _named_stack(text: str, years: list[int]) -> str:
     if re.search(r"deepspeed", text, re.I):  # Megatron-DeepSpeed runs on DeepSpeed's engine
-        return "deepspeed"
+        return "deepspeed-2021" if years and max(years) <= 2021 else "deepspeed"
     if re.search(r"megatron", text, re.I):
         return "megatron-2021" if years and min(years) <= 2022 else "megatron-core"
     if re.search(r"torchtitan", text, re.I):

@@ -253,3 +253,57 @@ def test_report_never_overwrites_a_runs_own_file(capfd, home):
     assert main(["report", str(run)]) == 0  # its own report.html, twice: allowed
     assert main(["report", str(run)]) == 0
     assert (run / "report.html").read_text().startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.parametrize("argv,existing", [
+    (["plan", "--model", "tiny", "--gpus", "2", "--export", "ptd", "-o", "p.toml"], "p.toml"),
+    # the launcher script deepspeed's export writes beside its config counts too
+    (["plan", "--model", "tiny", "--gpus", "2", "--export", "deepspeed", "-o", "ds.json"],
+     "ds.launch.sh"),
+    (["calibrate", "--quick", "--out", "c.toml"], "c.toml"),
+    (["bench", "scaling", "--out", "b"], "b/scaling.json"),
+    (["train", "--model", "tiny", "--nproc", "1", "--out", "r"], "r/summary.json"),
+    (["train", "--model", "tiny", "--nproc", "1", "--out", "r"], "r/metrics.jsonl"),
+    (["train", "--model", "tiny", "--nproc", "2", "--nnodes", "2", "--out", "r2",
+      "--slurm-script", "job.sh"], "job.sh"),
+])
+def test_an_existing_output_is_not_replaced_without_force(capfd, home, monkeypatch, argv,
+                                                          existing):
+    forbid_processes(monkeypatch)  # refused before anything is measured or trained
+    import ptd.runtime.calibrate as cal
+    monkeypatch.setattr(cal, "calibrate", lambda *a, **k: pytest.fail("measured first"))
+    f = home / existing
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text("mine\n")
+    err = refused(capfd, *argv, match="--force")
+    assert existing.split("/")[0] in err
+    assert f.read_text() == "mine\n"
+
+
+def test_force_replaces_and_default_paths_are_scratch(capfd, home):
+    (home / "p.toml").write_text("mine\n")
+    argv = ["plan", "--model", "tiny", "--gpus", "2", "--export", "ptd", "-o", "p.toml"]
+    assert main(argv + ["--force"]) == 0
+    assert "[plan]" in (home / "p.toml").read_text()
+    # a train --out holding an earlier run: --force lets a dry run rewrite its config.toml
+    (home / "r").mkdir()
+    (home / "r" / "summary.json").write_text("{}")
+    dry = ["train", "--model", "tiny", "--nproc", "1", "--out", "r", "--dry-run"]
+    refused(capfd, *dry, match="holds an earlier run")
+    assert main(dry + ["--force"]) == 0 and (home / "r" / "config.toml").exists()
+    capfd.readouterr()
+
+
+def test_an_incomplete_table_names_the_missing_fields(capfd, home):
+    (home / "m.toml").write_text('n_layers = 2\nhidden = 64\nn_heads = 4\n')
+    refused(capfd, "estimate", "--model", "m.toml",
+            match=re.escape("m: incomplete model table: missing n_kv_heads, ffn_hidden, "
+                            "vocab_size, max_seq_len"))
+    # a Hugging Face config.json given from inside its folder is named after the folder
+    hf = home / "myllama"
+    hf.mkdir()
+    (hf / "config.json").write_text('{"model_type": "llama", "hidden_size": 64}')
+    import os
+    os.chdir(hf)
+    refused(capfd, "estimate", "--model", "config.json",
+            match=re.escape("myllama: Hugging Face config lacks key 'num_attention_heads'"))

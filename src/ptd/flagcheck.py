@@ -14,6 +14,10 @@ from typing import Any
 
 from .errors import PtdError
 
+BENCH_OUT = "runs/bench"
+RUN_RESULTS = ("summary.json", "metrics.jsonl")
+"""A finished run's results in its folder: an explicit ``--out`` holding them is not trained
+into again without ``--resume`` or ``--force``."""
 PLAN_TRY_DEFAULTS = {"repeats": 2, "tolerance": 0.10, "try_dir": "runs/plan-try",
                      "run_timeout": 300.0, "no_layouts": False}
 
@@ -71,7 +75,11 @@ def bench(a: argparse.Namespace) -> None:
     """``ptd bench``: a positive --run-timeout, a writable --out, and predictions for the
     hardware the rows run on."""
     _timeout(a.run_timeout, "--run-timeout")
-    from .safeio import check_writable
+    from .safeio import check_writable, refuse_overwrite
+    if a.out is None:
+        a.out = BENCH_OUT  # ptd's own scratch folder: each bench replaces the last
+    else:  # a folder the user names keeps an earlier bench's results unless --force
+        refuse_overwrite(os.path.join(a.out, "scaling.json"), "--out", a.force)
     check_writable(a.out, "--out")
     if a.hardware:
         from .runtime.launch.preflight import wrong_hardware
@@ -90,6 +98,21 @@ def train(a: argparse.Namespace, cfg: Any) -> None:
     if a.warmup is not None and a.warmup >= cfg.steps:
         raise PtdError(f"--warmup {a.warmup} >= --steps {cfg.steps}: the learning rate would "
                        "never leave the warm-up")
+    from .safeio import LOCK_NAME, refuse_overwrite
+    force = getattr(a, "force", False)
+    if getattr(a, "slurm_script", None):
+        refuse_overwrite(a.slurm_script, "--slurm-script", force)
+    # A folder the user names keeps an earlier run's results unless --resume or --force
+    # (runs/latest, the default, is ptd's scratch folder: each run replaces it). A run in
+    # progress there is refused by its lock, naming the holder, not here.
+    out = getattr(a, "out", None)
+    if out and a.resume is None and not force \
+            and not os.path.exists(os.path.join(out, LOCK_NAME + ".holder")):
+        for name in RUN_RESULTS:
+            p = os.path.join(out, name)
+            if os.path.exists(p):
+                raise PtdError(f"--out {out!r} holds an earlier run ({name}); continue it with "
+                               "--resume, pass --force to replace it, or choose another --out")
     cores = os.cpu_count() or 1
     if a.threads is not None and a.threads > cores:
         raise PtdError(f"--threads {a.threads}: this host has {cores} CPU core(s)")

@@ -58,7 +58,9 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster-global-batch", type=positive_int, default=1024)
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--run-timeout", type=float, default=240.0, help="seconds per run (240)")
-    p.add_argument("--out", default="runs/bench", help="output folder (runs/bench)")
+    p.add_argument("--out", help="output folder (runs/bench, replaced by each bench)")
+    p.add_argument("--force", action="store_true",
+                   help="replace the results of an earlier bench in --out")
 
 
 def run(a: argparse.Namespace) -> int:

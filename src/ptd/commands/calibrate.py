@@ -57,6 +57,8 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="matmul/attention dtypes (default fp32,bf16 on CPU; bf16,fp32 on GPUs)")
     p.add_argument("--name", default="calibrated", help="profile name (default calibrated)")
     p.add_argument("--out", help="profile path, .toml (default $PTD_HOME/hardware/NAME.toml)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing --out file (the default profile is always refreshed)")
     p.add_argument("--base", help="preset the profile overrides (default cpu, or the GPU's)")
     p.add_argument("--quick", action="store_true",
                    help="small sizes, few repeats, no shape sweep (~15 s)")
@@ -84,6 +86,9 @@ def _validate(a: argparse.Namespace) -> Path:
         raise PtdError(f"--out must end in .toml (what --hardware reads as a file), got {out}")
     if out.exists() and out.is_dir():
         raise PtdError(f"--out {out} is a directory")
+    if a.out:  # a file the user names is never replaced without --force
+        from ..safeio import refuse_overwrite
+        refuse_overwrite(out, "--out", a.force)
     from ..safeio import check_writable
     check_writable(out, "--out", kind="file")  # before minutes of measuring, not after
     return out

@@ -63,6 +63,8 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--export", choices=["ptd", "torchtitan", "megatron", "deepspeed"],
                    help="write the winner for ptd train --config, torchtitan, Megatron-LM or "
                         "DeepSpeed (to stdout, or to --output)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing --output file (and the files written beside it)")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="write the export (or, with --run, the ptd config) here")
     p.add_argument("--steps", type=positive_int,
@@ -164,6 +166,10 @@ def run(a: argparse.Namespace) -> int:
     path = None
     if text is not None and (a.output or a.run):
         path = target
+        if a.output:  # a file the user names is never replaced without --force
+            from ..safeio import refuse_overwrite
+            for f in [path, *(path.parent / n for n in beside)]:
+                refuse_overwrite(f, "--output", a.force)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)

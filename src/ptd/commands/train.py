@@ -119,6 +119,9 @@ def add(p: argparse.ArgumentParser) -> None:
     n.add_argument("--rdzv-id", default="ptd", help="job id shared by every node (ptd)")
     n.add_argument("--slurm-script", metavar="FILE",
                    help="write OUT/config.toml and an sbatch script for --nnodes nodes; start nothing")
+    o.add_argument("--force", action="store_true",
+                   help="train into an --out that holds an earlier run (replacing its results), "
+                        "or replace an existing --slurm-script")
     o.add_argument("--dry-run", action="store_true",
                    help="validate and write OUT/config.toml, start nothing (--nproc = total world)")
 

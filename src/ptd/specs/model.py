@@ -381,7 +381,8 @@ def load_model(ref: str | dict[str, Any] | ModelSpec) -> ModelSpec:
             raise PtdError(f"cannot parse {path}: {e}") from None
         if not isinstance(data, dict):
             raise PtdError(f"{path}: expected a JSON object")
-        name = path.parent.name if path.name == "config.json" else path.stem
+        # a Hugging Face folder's name (``config.json`` given from inside it: the cwd's)
+        name = (path.absolute().parent.name or "config") if path.name == "config.json" else path.stem
         if "n_layers" in data or "preset" in data:
             return _from_mapping(data, name)
         return _from_hf_config(data, name)

@@ -205,6 +205,12 @@ def from_table(cls: type, d: dict[str, Any], name: str, base: str | None,
     if base is not None:
         return preset(base).replace(**d)
     d.setdefault("name", name)
+    missing = [f.name for f in dataclasses.fields(cls)
+               if f.name not in d and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]  # type: ignore[misc]
+    if missing:
+        raise PtdError(f"{name}: incomplete {what} table: missing {', '.join(missing)} "
+                       f"(or start from a preset: preset = \"...\")")
     try:
         return cls(**d)
     except TypeError as e:

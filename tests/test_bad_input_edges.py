@@ -307,3 +307,12 @@ def test_an_incomplete_table_names_the_missing_fields(capfd, home):
     os.chdir(hf)
     refused(capfd, "estimate", "--model", "config.json",
             match=re.escape("myllama: Hugging Face config lacks key 'num_attention_heads'"))
+
+
+def test_an_earlier_try_is_kept_unless_force(capfd, home, monkeypatch):
+    forbid_processes(monkeypatch)
+    (home / "t").mkdir()
+    (home / "t" / "try.json").write_text("{}")
+    refused(capfd, "plan", "--model", "tiny", "--hardware", "cpu", "--gpus", "2", "--try", "1",
+            "--try-dir", "t", match=re.escape("--try-dir 't/try.json' exists"))
+    assert (home / "t" / "try.json").read_text() == "{}"

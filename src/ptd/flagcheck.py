@@ -50,6 +50,9 @@ def plan(a: argparse.Namespace) -> None:
     --run and --try measure here, so the hardware must describe this host."""
     _fix_fields(a.fix or [])
     try_k = getattr(a, "try_k", None)
+    if try_k and a.try_dir:  # a folder the user names keeps an earlier --try unless --force
+        from .safeio import refuse_overwrite
+        refuse_overwrite(os.path.join(a.try_dir, "try.json"), "--try-dir", a.force)
     for name, default in PLAN_TRY_DEFAULTS.items():
         v = getattr(a, name, None)
         unset = v is None or v is False  # (not ``in (None, False)``: 0 == False)

@@ -20,7 +20,8 @@ from typing import Any
 def train_subprocess(out: Path, args: list[str], timeout: float) -> dict[str, Any]:
     """Run ``ptd train *args --out out``; its summary (with ``wall_s``), or ``error``."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "ptd", "train", *args, "--out", str(out)]
+    # the caller owns ``out`` (inside its own --out, checked there): a repeat replaces it
+    cmd = [sys.executable, "-m", "ptd", "train", *args, "--out", str(out), "--force"]
     t0 = time.perf_counter()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,

@@ -102,3 +102,39 @@ def test_the_estimate_says_when_communication_bounds_the_step(ptd_cli) -> None:
     # and 8 GPUs of the 8B model are compute-bound
     rc, out, _ = ptd_cli("estimate", "--model", "llama3-8b", "--hardware", "h100-sxm", "--gpus", "8")
     assert rc == 0 and "compute-bound: the largest part is computation" in out
+
+
+def _cpu(table: dict[int, float]):  # noqa: ANN202
+    return dataclasses.replace(get_hardware_preset("cpu"), gemm_flops_measured={"fp32": table})
+
+
+@pytest.mark.parametrize("table,workers,loss", [
+    # 2 cores: 80 GFLOP/s per worker alone or with 2, 40 with 4 -> aggregate C = 160.
+    # One worker leaves (160 - 80)/80 = 1 core spare: its communication is free.
+    ({1: 80e9, 2: 80e9, 4: 40e9}, 1, 0.0),
+    # two or four workers fill the cores (2 * 80 = 4 * 40 = 160): a second of hidden
+    # communication is a second of computation lost
+    ({1: 80e9, 2: 80e9, 4: 40e9}, 2, 1.0),
+    ({1: 80e9, 2: 80e9, 4: 40e9}, 4, 1.0),
+    # partly shared: C = max(80, 2*70, 4*50) = 200; 2 workers use 140, spare 60/80 = 0.75
+    ({1: 80e9, 2: 70e9, 4: 50e9}, 2, 0.25),
+    # one measured count says nothing about sharing
+    ({1: 80e9}, 2, 0.0),
+])
+def test_cpu_overlap_loss_by_hand(table, workers, loss) -> None:
+    from ptd.cost.step import cpu_overlap_loss
+    from ptd.specs.hardware import ClusterSpec
+    cl = ClusterSpec(_cpu(table), workers, workers)
+    assert cpu_overlap_loss(cl, "fp32") == pytest.approx(loss)
+
+
+def test_on_a_full_cpu_hidden_communication_costs_its_own_time() -> None:
+    from ptd.specs.hardware import ClusterSpec
+    from ptd.specs import get_preset
+    plan = ParallelPlan(dp=2, zero=3, micro_batch=2, global_batch=8, seq_len=64, dtype="fp32")
+    st = step_time(get_preset("small"), plan, ClusterSpec(_cpu({1: 80e9, 2: 80e9}), 2, 2))
+    hidden = st.dp_comm_total - st.dp_comm_exposed
+    assert hidden > 0 and st.overlap == pytest.approx(hidden, rel=1e-12)
+    roomy = step_time(get_preset("small"), plan,
+                      ClusterSpec(_cpu({1: 80e9, 2: 80e9, 4: 80e9}), 2, 2))  # 4 cores, 2 busy
+    assert roomy.overlap == 0.0 and roomy.total == pytest.approx(st.total - hidden, rel=1e-9)

@@ -151,6 +151,28 @@ def shared_rate_ratio(cluster: ClusterSpec, dtype: str, busy: float) -> float:
     return min(1.0, cluster.gemm_rate(dtype) / r_busy)
 
 
+def cpu_overlap_loss(cluster: ClusterSpec, dtype: str) -> float:
+    """Seconds of computation lost per second of communication hidden behind it, on a CPU.
+
+    gloo moves and sums the bytes on the CPU (its own threads, copies through shared memory
+    or the loopback socket), so a collective running beside computation takes a core's
+    time from it unless a core is spare. Spare cores, in units of one worker's core: the
+    node's measured aggregate matmul rate ``C = max_N N R_N`` less what its ``W`` workers use,
+    ``(C - W R_W) / R_1`` (``R_N``: the per-worker rate measured with ``N`` at once). The loss is
+    1 minus that, between 0 and 1: 1 when the workers already fill the cores (2 workers on 2
+    cores lose a second of computation per second of hidden communication), 0 with a core
+    to spare. Without a measured table (fewer than two worker counts) nothing is known
+    about sharing: 0, as before."""
+    hw = cluster.hardware
+    table = hw.gemm_flops_measured.get(dtype, {})
+    if len(table) < 2:
+        return 0.0
+    w = cluster.workers_per_node
+    cap = max(n * hw.gemm_rate(dtype, n) for n in table)
+    spare = (cap - w * hw.gemm_rate(dtype, w)) / hw.gemm_rate(dtype, 1)
+    return min(1.0, max(0.0, 1.0 - spare))
+
+
 @dataclass(frozen=True)
 class MicroBatch:
     """One micro-batch through the slowest pipeline rank: seconds of forward ``f``,
@@ -196,9 +218,13 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     # hidden communication is not free: it slows the computation it hides behind
     hidden = max(0.0, dp.total - dp.exposed) if dp_overlap else 0.0
     hidden += m * max(0.0, cpt.comm_total - cpt.comm_exposed)
-    overlap = hidden * _overlap_loss(model, cluster.hardware, CX.local_seq(plan), plan.micro_batch,
-                                     plan.tp, plan.dtype, cluster.gemm_rate(plan.dtype),
-                                     cluster.memory_bandwidth, mbt.blk)
+    if cluster.hardware.kind == "cpu":
+        overlap = hidden * cpu_overlap_loss(cluster, plan.dtype)
+    else:
+        overlap = hidden * _overlap_loss(model, cluster.hardware, CX.local_seq(plan),
+                                         plan.micro_batch, plan.tp, plan.dtype,
+                                         cluster.gemm_rate(plan.dtype), cluster.memory_bandwidth,
+                                         mbt.blk)
     total = (compute + tp_comm + pp_comm + bubble + dp.exposed + optimizer + dp.opt_comm
              + ep_comm + m * cpt.comm_exposed + overlap)
     return StepBreakdown(total=total, compute=compute, tp_comm=tp_comm, pp_comm=pp_comm,

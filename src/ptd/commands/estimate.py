@@ -38,8 +38,9 @@ def add_plan_flags(p: argparse.ArgumentParser, *, world_flag: str = "--gpus") ->
                    help="tokens to train, for time to train (default 20 per parameter)")
     p.add_argument("--stack", choices=list(STACKS), default="ptd",
                    help="framework whose behaviour to price (attention kernels, overlap, "
-                        "schedules): ptd (default), megatron-2021, megatron-core, torchtitan, "
-                        "deepspeed; see docs/validation.md")
+                        "schedules, ZeRO-3 gathers): ptd (default), megatron-2021, "
+                        "megatron-core, torchtitan, deepspeed, deepspeed-2021; see "
+                        "docs/validation.md")
     p.add_argument("--attention", choices=["flash", "scores"],
                    help="fused attention (flash) or one that stores s*s scores (default: the "
                         "stack's; ptd: flash)")

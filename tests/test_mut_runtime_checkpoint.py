@@ -66,3 +66,57 @@ def test_mixtral_export_has_no_router_jitter():
     assert cfg["model_type"] == "mixtral"
     assert cfg["router_jitter_noise"] == 0.0
     assert (cfg["num_local_experts"], cfg["num_experts_per_tok"]) == (4, 2)
+
+
+# --- survivors of the sampled run named in docs/testing.md (state.py:82, restore.py:231) ---
+
+def _two_layer():
+    import torch
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+
+
+def test_resume_keeps_the_runs_hyperparameters_and_loads_the_states():
+    # TrainState.load's rule (its docstring): the optimizer's moments come from the
+    # checkpoint, its hyperparameters stay the run's config. The saved run used lr 0.1,
+    # weight decay 0.0; the resuming run is configured with lr 0.5, weight decay 0.25.
+    import torch
+    from ptd.runtime.checkpoint.state import TrainState
+    saved_model = _two_layer()
+    saved_opt = torch.optim.AdamW(saved_model.parameters(), lr=0.1, weight_decay=0.0)
+    saved_model(torch.ones(4, 3)).sum().backward()
+    saved_opt.step()
+    loaded = TrainState(saved_model, saved_opt).state_dict()
+
+    model = _two_layer()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.5, weight_decay=0.25)
+    state = TrainState(model, opt)
+    state.load(loaded, state.state_dicts())
+    assert [(g["lr"], g["weight_decay"]) for g in opt.param_groups] == [(0.5, 0.25)]
+    # the moments are the saved ones: one step, exp_avg = (1 - 0.9) * grad
+    for p, q in zip(model.parameters(), saved_model.parameters()):
+        assert torch.equal(opt.state[p]["exp_avg"], 0.1 * q.grad)
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("saved_rows,swapped", [(10, True), (20, True), (16, False)])
+def test_vocab_tensor_saved_with_another_padding_is_swapped(tmp_path, saved_rows, swapped):
+    # _vocab_repadding's rule: a vocabulary tensor whose saved shape differs from the run's
+    # in its rows only (fewer rows: a smaller padding; more: a larger one) is swapped for a
+    # zero tensor of the saved shape; an equal shape is left to DCP.
+    import types
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from ptd.runtime.checkpoint.restore import _vocab_repadding
+    path = tmp_path / "ckpt"
+    dcp.save({"model": {"tok_embeddings.weight": torch.ones(saved_rows, 4)}},
+             checkpoint_id=str(path), no_dist=True)
+    mine = torch.full((16, 4), 7.0)
+    target = {"model": {"tok_embeddings.weight": mine}, "optim": {}}
+    swaps = _vocab_repadding(target, types.SimpleNamespace(path=path))
+    if swapped:
+        assert [(s, k, t is mine) for s, k, t in swaps] == [("model", "tok_embeddings.weight", True)]
+        assert torch.equal(target["model"]["tok_embeddings.weight"], torch.zeros(saved_rows, 4))
+    else:
+        assert swaps == []
+        assert target["model"]["tok_embeddings.weight"] is mine

@@ -127,3 +127,28 @@ def test_one_process_without_a_launcher_makes_its_own_world(monkeypatch):
         assert (dims.rank, dist.get_world_size(), dims.is_main) == (0, 1, True)
     finally:
         shutdown()
+
+
+# --- tp.py:50 (docs/testing.md, sampled run): the residual stream's layout between the
+# parallel regions. tp.py's module docstring: under sequence parallelism it is split along the
+# sequence (Shard(1)), the row-parallel outputs reduce-scattered into it; without sp it is
+# replicated. parallelize_module is replaced by a recorder, so no mesh or process is needed.
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_tp_residual_layout_follows_sp(monkeypatch, sp):
+    from torch.distributed.tensor import Replicate, Shard
+    from ptd.runtime.model.transformer import build_model
+    from ptd.runtime.parallel import tp
+    from ptd.specs import ParallelPlan, load_model
+    plans = []
+    monkeypatch.setattr(tp, "parallelize_module", lambda m, mesh, plan: plans.append(plan))
+    model = build_model(load_model({"preset": "tiny"}), "meta")
+    tp.apply_tp(model, None, ParallelPlan(tp=2, sp=sp, seq_len=16))
+    between = Shard(1) if sp else Replicate()
+    top, blocks = plans[0], [p for p in plans[1:] if isinstance(p, dict)]
+    assert top["output"].input_layouts == (between,)
+    assert len(blocks) == len(model.layers)
+    for layer in blocks:
+        assert layer["attention.wo"].output_layouts == (between,)
+        assert layer["feed_forward.w2"].output_layouts == (between,)
+        assert ("attention_norm" in layer) == sp

@@ -119,6 +119,7 @@ def test_alone_tp_dp_absorbs_and_estimate_gets_everything(priced):
     # tp 4: 8 // (4*2) = 1
     X._alone(r, "tp", 4)
     assert calls[-1][2] == P.replace(tp=4, dp=1)
+    assert type(calls[-1][2].dp) is int  # a whole replica count (8 // 8), not 1.0
 
 
 def test_alone_tp_1_drops_sp_other_tp_keeps_it(priced):

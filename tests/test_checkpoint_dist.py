@@ -41,9 +41,10 @@ SOURCES = {
 RESHARDS = [
     ("dp2-zero3", ["--nproc", "4", "--zero", "1", "--micro-batch", "2"], 1e-5),
     ("dp2-zero0-async", ["--nproc", "2", "--zero", "2", "--micro-batch", "4"], 1e-5),
-    # ZeRO-2's FSDP shards out to one process and into tp 2 under ZeRO-1
+    # ZeRO-2's FSDP shards out to one process. (Into tp 2 under ZeRO-1 left out 2026-11-27 for
+    # CI's time: resharding into tensor parallelism is run by test_tp2d's 1d -> 2d and
+    # test_vocab_padding's tp 4 -> tp 2 x ZeRO-3.)
     ("dp2-zero2", ["--nproc", "1", "--micro-batch", "8"], 1e-5),
-    ("dp2-zero2", ["--nproc", "4", "--dp", "2", "--tp", "2", "--zero", "1", "--micro-batch", "2"], 1e-4),
     # (into context parallelism with ZeRO-2: left out 2026-11-26 for CI's time; cp with ZeRO-2
     # trains as one process in test_train_tppp's parity table)
     # Out of tensor parallelism: split matmuls sum in another order, hence 1e-4.

@@ -19,9 +19,10 @@ from ptd.specs import ParallelPlan, TrainConfig
 from ptd.specs.tomlio import dumps
 
 ROOT = Path(__file__).resolve().parents[1]
-# 150 fixed examples per property by default (~15 s in all); PTD_FUZZ_EXAMPLES=2000
-# PTD_FUZZ_RANDOM=1 explores further with fresh random examples.
-FUZZ = settings(max_examples=int(os.environ.get("PTD_FUZZ_EXAMPLES", "60")), deadline=None,
+# 40 fixed examples per property by default (150 until 2026-11-26, 60 until 2026-11-27: cut
+# for CI's 20 minutes); PTD_FUZZ_EXAMPLES=2000 and PTD_FUZZ_RANDOM=1 (fresh random examples)
+# explore further.
+FUZZ = settings(max_examples=int(os.environ.get("PTD_FUZZ_EXAMPLES", "40")), deadline=None,
                 derandomize=os.environ.get("PTD_FUZZ_RANDOM") != "1",
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 

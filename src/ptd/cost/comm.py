@@ -22,8 +22,11 @@ NCCL's tuner does.
 
 **Hierarchical.** A group that spans ``N`` nodes with ``k`` members on each runs as
 reduce-scatter inside each node, the collective across nodes on ``M/k`` bytes over the
-``k`` NICs in parallel, and all-gather inside each node. With one member per node (``k =
-1``) every hop is a network hop.
+``k`` NICs in parallel, and all-gather inside each node. All-gather and reduce-scatter move
+their bytes the same way (inside the node, then ``1/k`` across) but pay the latency of
+NCCL's single ring over all ``n`` ranks: ``(n - nodes)`` steps inside nodes and ``(nodes -
+1)`` across (NCCL ``src/graph/tuning.cc``). With one member per node (``k = 1``) every hop is
+a network hop.
 
 **Calibrated.** When the hardware profile carries a measured fit for the collective
 (``ptd calibrate``), ``alpha`` and the bus bandwidth come from it instead of the link specs.

@@ -280,7 +280,7 @@ def test_an_existing_output_is_not_replaced_without_force(capfd, home, monkeypat
     assert f.read_text() == "mine\n"
 
 
-def test_force_replaces_and_default_paths_are_scratch(capfd, home):
+def test_force_replaces_an_existing_output(capfd, home):
     (home / "p.toml").write_text("mine\n")
     argv = ["plan", "--model", "tiny", "--gpus", "2", "--export", "ptd", "-o", "p.toml"]
     assert main(argv + ["--force"]) == 0
@@ -294,7 +294,7 @@ def test_force_replaces_and_default_paths_are_scratch(capfd, home):
     capfd.readouterr()
 
 
-def test_an_incomplete_table_names_the_missing_fields(capfd, home):
+def test_an_incomplete_table_names_the_missing_fields(capfd, home, monkeypatch):
     (home / "m.toml").write_text('n_layers = 2\nhidden = 64\nn_heads = 4\n')
     refused(capfd, "estimate", "--model", "m.toml",
             match=re.escape("m: incomplete model table: missing n_kv_heads, ffn_hidden, "
@@ -303,8 +303,7 @@ def test_an_incomplete_table_names_the_missing_fields(capfd, home):
     hf = home / "myllama"
     hf.mkdir()
     (hf / "config.json").write_text('{"model_type": "llama", "hidden_size": 64}')
-    import os
-    os.chdir(hf)
+    monkeypatch.chdir(hf)
     refused(capfd, "estimate", "--model", "config.json",
             match=re.escape("myllama: Hugging Face config lacks key 'num_attention_heads'"))
 

@@ -167,15 +167,14 @@ def test_validate_prices_every_shipped_case(ptd_cli):
     assert rc == 0 and "median |error|" in out and "narayanan2021_t1_1.7b" in out
 
 
-def test_validate_holds_the_issue_median_and_guards_the_rest():
+def test_validate_holds_the_issue_median():
     # Issue 14's tolerances are median <= 10% and p90 <= 20%. The median holds (3.8% on
-    # 2026-11-27); the p90 does not yet (23.0%), so it and the worst case are guarded at
-    # what was reached (p90 23.0%, max 28.6%), a regression tripwire, not the target.
+    # 2026-11-27) and is held here; the p90 does not yet (23.0%, docs/validation.md), and no
+    # bound tuned to today's value stands in for it.
     rows = [price(c) for c in load_cases()]
     s = summarize(rows)["overall"]
     assert s["errors"] == 0 and s["cases"] == 27
     assert s["median"] <= 0.10
-    assert s["p90"] <= 0.235 and s["max"] <= 0.29
 
 
 @pytest.mark.parametrize("content,message", [

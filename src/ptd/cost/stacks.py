@@ -8,6 +8,7 @@ model reads through :class:`ptd.cost.estimate.CostOptions`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..errors import PtdError
@@ -36,6 +37,12 @@ class Stack:
     per block, prefetched; ``param-sync``, one per tensor, synchronous, again in recompute."""
 
 
+_DEEPSPEED = Stack(
+    "deepspeed", "scores", True, False, False, ("1f1b",),
+    "Megatron-DeepSpeed (Smith et al. 2022, arXiv 2201.11990; BLOOM 2022): Megatron's 2021 "
+    "kernels with DeepSpeed's ZeRO, whose reduction overlaps the backward (ZeRO config "
+    "overlap_comm).")
+
 STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("ptd", "flash", True, True, True, ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe"),
           "ptd's runtime: PyTorch SDPA, DDP bucketed all-reduce and FSDP2 reduce-scatter "
@@ -56,18 +63,17 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe"),
           "torchtitan (Liang et al. 2024, arXiv 2410.06511): FSDP2 with prefetching, PyTorch "
           "SDPA, non-reentrant activation checkpointing, DTensor tensor parallelism."),
-    Stack("deepspeed", "scores", True, False, False, ("1f1b",),
-          "Megatron-DeepSpeed (Smith et al. 2022, arXiv 2201.11990; BLOOM 2022): Megatron's "
-          "2021 kernels with DeepSpeed's ZeRO, whose reduction overlaps the backward "
-          "(ZeRO config overlap_comm)."),
-    Stack("deepspeed-2021", "scores", True, False, False, ("1f1b",),
+    _DEEPSPEED,
+    # the same kernels and overlap; only ZeRO-3's gathers differ
+    dataclasses.replace(
+        _DEEPSPEED, name="deepspeed-2021", zero3_gather="param-sync", sources=
           "DeepSpeed as of 2021 (ZeRO-3 released March 2021; the engine Narayanan et al. "
           "2021 compare with): Megatron's 2021 kernels and reentrant checkpointing; ZeRO-3 "
           "gathers each parameter tensor with its own all-gather and waits for it "
           "(deepspeedai/DeepSpeed#1069, June 2021: one all-gather per parameter, a "
           "synchronisation before the next; #1188 batched them per module later that "
           "year), again when recompute re-runs a module's forward (#4784); gradient "
-          "reduce-scatter overlaps the backward (overlap_comm).", zero3_gather="param-sync"),
+          "reduce-scatter overlaps the backward (overlap_comm)."),
 )}
 
 

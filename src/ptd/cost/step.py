@@ -215,7 +215,7 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     optimizer, tp_step = optimizer_time(model, plan, cluster, mbt)
     compute = m * (mbt.f + mbt.b + mbt.rc)
     tp_comm = m * (mbt.tf + mbt.tb) + tp_step
-    ep_comm = _ep_time(model, plan, cluster, mbt.nl, cluster.gemm_rate(plan.dtype), moe_imbalance)
+    ep_comm = _ep_time(model, plan, cluster, mbt, cluster.gemm_rate(plan.dtype), moe_imbalance)
     # hidden communication is not free: it slows the computation it hides behind
     hidden = max(0.0, dp.total - dp.exposed) if dp_overlap else 0.0
     hidden += m * max(0.0, cpt.comm_total - cpt.comm_exposed)
@@ -373,14 +373,19 @@ def optimizer_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, m
     return optimizer, tp_step
 
 
-def _ep_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, layers: int, rate: float,
-             imbalance: float) -> float:
-    """:func:`ptd.cost.moe.ep_comm_time` over the ep group's placement, plus imbalance."""
+def _ep_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: MicroBatch,
+             rate: float, imbalance: float) -> float:
+    """:func:`ptd.cost.moe.ep_comm_time` over the ep group's placement, plus imbalance. Each
+    all-to-all blocks the computation, so it waits as a tensor-parallel collective does
+    after its share of the micro-batch's computation (``blocking_wait``; 0 on presets)."""
     if not model.is_moe:
         return 0.0
     nodes, per_node = MOE.ep_node_split(plan, cluster.devices_per_node)
     hw = cluster.hardware
-    comm = MOE.ep_comm_time(model, plan, layers,
+    wait = 0.0
+    if plan.ep > 1:
+        wait = cluster.blocking_wait((mbt.f + mbt.b + mbt.rc) / (MOE.EP_COLLECTIVES * mbt.nl))
+    comm = MOE.ep_comm_time(model, plan, mbt.nl,
                             lambda kind, nbytes, n: _coll(kind, nbytes, n, hw, nodes, per_node),
-                            imbalance)
-    return comm + MOE.imbalance_compute_time(model, plan, layers, rate, imbalance)
+                            imbalance, wait)
+    return comm + MOE.imbalance_compute_time(model, plan, mbt.nl, rate, imbalance)

@@ -296,3 +296,19 @@ def test_bad_attention_shapes_in_a_profile_are_refused(table, match):
     from ptd.errors import PtdError
     with pytest.raises(PtdError, match=match):
         hardware_from_dict({"preset": "cpu", "attention_shapes_measured": table}, "bad")
+
+
+def test_a_gpu_takes_its_best_measured_rate_not_the_fit():
+    """The same timings (3 us per product plus the FLOPs at 60 GFLOP/s): a CPU keeps the fit
+    (R = 60e9, the 3 us apart); on a GPU the rate is the best one measured, the largest size
+    (2 * 256^3 FLOPs in 3 us + 2 * 256^3 / 60e9 s), because a GPU's launch-bound small
+    products made the fit overshoot the device's peak."""
+    plan, results = _synthetic(workers=(1,))
+    assert summarize(plan, results)["gemm"]["fp32"][1]["rate"] == pytest.approx(60e9, rel=1e-6)
+    flops = 2 * 256**3
+    best = flops / (3e-6 + flops / 60e9)
+    gpu = summarize(dict(plan, device="cuda"), results)["gemm"]["fp32"][1]
+    assert gpu["rate"] == pytest.approx(best, rel=1e-9)
+    # the default attention shape ran at 30e9 (_synthetic): its ratio is to the rate taken
+    assert summarize(dict(plan, device="cuda"), results)["attention_ratio"] == \
+        pytest.approx(30e9 / best, rel=1e-9)

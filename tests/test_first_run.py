@@ -123,3 +123,20 @@ def test_ptd_calibrate_refreshes_the_machine_profile(home, monkeypatch, capsys):
     assert main(["calibrate", "--quick", "--json", "--name", "other"]) == 0
     assert not first_run.machine_profile().exists()
     capsys.readouterr()
+
+
+def test_a_gpu_without_a_profile_gets_its_own_preset(home, monkeypatch):
+    """Before 2026-11-27 every GPU got the H100's preset: an H200 was priced with the H100's
+    memory bandwidth. The name nvidia-smi reports picks the preset; an unknown GPU, or none
+    reported, falls back to the H100's and says so."""
+    from ptd.runtime.calibrate.first_run import resolve_hardware
+    monkeypatch.setattr(first_run, "gpu_name", lambda: ("NVIDIA H200", 143771 * 2**20))
+    hw, source = resolve_hardware("auto", "cuda")
+    assert hw.name == "h200" and source.startswith("preset h200 (NVIDIA H200, no calibrated")
+    monkeypatch.setattr(first_run, "gpu_name", lambda: ("NVIDIA A100-SXM4-40GB", 40 * 2**30))
+    assert resolve_hardware("auto", "cuda")[0].name == "a100-40g"
+    monkeypatch.setattr(first_run, "gpu_name", lambda: None)
+    hw, source = resolve_hardware("auto", "cuda")
+    assert hw.name == "h100-sxm" and "GPU not identified" in source
+    monkeypatch.setattr(first_run, "gpu_name", lambda: ("Some Future GPU", 1e12))
+    assert resolve_hardware("auto", "cuda")[0].name == "h100-sxm"

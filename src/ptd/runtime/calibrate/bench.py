@@ -25,9 +25,14 @@ class Sync:
     """Start ``n`` workers together; keep each busy until the others are done."""
 
     def __init__(self, n: int, rank: int, barrier: Any, counter: Any, flag: Any,
-                 sync: Callable[[], None], timeout: float):
+                 sync: Callable[[], None], timeout: float, pause: float = 0.0):
         self.n, self.rank, self.barrier, self.counter, self.flag = n, rank, barrier, counter, flag
         self.sync, self.timeout, self.points = sync, timeout, 0
+        self.pause = pause
+        """Idle seconds before each window (GPUs): a card running products back to back
+        for more than a fraction of a second is held at its power limit (an H200: 678
+        against ~790 TFLOP/s, docs/gpu-h100.md), which a training step -- its products
+        interleaved with memory-bound kernels -- is not; each window starts rested."""
 
     def agree(self, decision: bool) -> bool:
         """Rank 0's ``decision``, seen by all ``n`` (they must take the same branches). Its
@@ -41,6 +46,8 @@ class Sync:
 
     def window(self, fn: Callable[[], Any], seconds: float, batch: int) -> float:
         """Seconds per call of ``fn`` over one window run on all ``n`` workers at once."""
+        if self.pause:
+            time.sleep(self.pause)
         if self.n > 1:
             self.barrier.wait(self.timeout)
         reps, t0 = 0, time.perf_counter()

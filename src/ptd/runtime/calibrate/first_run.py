@@ -126,8 +126,32 @@ def resolve_hardware(name: str, device: str = "cpu") -> tuple[Any, str]:
         for prof in (machine_profile(), hardware_home() / "calibrated.toml"):
             if prof.is_file():
                 return load_hardware(str(prof)), str(prof)
-        name = "cpu" if device == "cpu" else "h100-sxm"
-        return load_hardware(name), f"preset {name} (no calibrated profile in {hardware_home()})"
+        if device == "cpu":
+            name, seen = "cpu", ""
+        else:
+            from . import gpu_preset
+            gpu = gpu_name()
+            name = (gpu_preset(*gpu) if gpu else None) or "h100-sxm"
+            seen = f"{gpu[0]}, " if gpu else "GPU not identified, "
+        return load_hardware(name), (f"preset {name} ({seen}no calibrated profile in "
+                                     f"{hardware_home()})")
     hw = load_hardware(name)
     path = hardware_home() / f"{name}.toml"
     return hw, (str(path) if path.is_file() and name == hw.name else f"preset {name}")
+
+
+def gpu_name() -> tuple[str, float] | None:
+    """(name, memory bytes) of this host's first GPU from ``nvidia-smi`` (no CUDA context
+    in the calling process); None where it cannot say."""
+    import shutil
+    import subprocess
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=10, check=True).stdout.splitlines()
+        name, mib = out[0].rsplit(",", 1)
+        return name.strip(), float(mib) * 2**20
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        return None

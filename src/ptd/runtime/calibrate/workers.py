@@ -32,9 +32,12 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
     # pipeline send/recv is always between pairs, so 2 is measured whenever it can be
     group_sizes = sorted({n for n in workers if n >= 2} | ({2} if max(workers) >= 2 else set()))
     if quick:
-        gemm = [1024, 2048, 4096] if cuda else [64, 128, 256, 512]
+        # GPUs: sizes whose products and attention are not bound by their launch from Python
+        # (at 2 x 16 x 1024 x 128 an H200's SDPA step measured 0.07 of the matmul rate, at
+        # 2 x 32 x 4096 x 128 0.58: docs/gpu-h100.md)
+        gemm = [2048, 4096, 8192] if cuda else [64, 128, 256, 512]
         coll = [KiB, 32 * KiB, MiB, 4 * MiB]
-        attn = [(2, 16, 1024, 128)] if cuda else [(2, 4, 128, 32)]
+        attn = [(2, 32, 4096, 128)] if cuda else [(2, 4, 128, 32)]
         p = dict(window_s=0.02, repeats=3, max_call_s=0.03, mem_bytes=(256 if cuda else 48) * MiB,
                  coll_budget=8 * MiB, coll_reps=(2, 10), blocking_chunks={0: 20, 4: 8, 16: 4})
     else:
@@ -47,14 +50,18 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
         # and a wider one; on GPUs, Llama-like heads of 128
         attn = ([(4, 16, 2048, 128), (2, 32, 4096, 128)] if cuda
                 else [(4, 8, 256, 32), (2, 8, 512, 64)])
-        p = dict(window_s=0.1, repeats=3, max_call_s=0.1, mem_bytes=(1024 if cuda else 64) * MiB,
+        p = dict(window_s=0.03 if cuda else 0.1, repeats=3, max_call_s=0.1,
+                 mem_bytes=(1024 if cuda else 64) * MiB,
                  coll_budget=(1024 if cuda else 48) * MiB, coll_reps=(3, 40),
                  # 256x256 matmuls per chunk -> all-reduces timed after it (CPU only); 4
                  # workers on 2 cores: chunks of 0 (back to back), ~1, 5, 20 and 55 ms
                  blocking_chunks={0: 100, 2: 60, 8: 30, 24: 15, 64: 8})
     # the blocking all-reduce: the default CPU model's tensor-parallel activation (4 x 256
     # tokens x 256 hidden, fp32)
+    # GPUs: short windows, each after a rest, so that no window runs at the power limit
+    # that back-to-back products reach within half a second (bench.Sync.pause)
     return dict(p, device=device, workers=sorted(set(workers)), dtypes=list(dtypes),
+                pause_s=0.15 if cuda else 0.0,
                 gemm_shapes=gemm_sweep(cuda, quick, model_shapes),
                 blocking_bytes=MiB,
                 gemm_sizes=gemm, attn_shapes=attn, attn_model_shapes=list(model_attention or []),
@@ -118,7 +125,8 @@ def _worker(rank: int, nproc: int, plan: dict, store: str, barriers: dict, count
         for n in plan["workers"]:
             barriers[nproc].wait(timeout)
             if rank < n:
-                s = bench.Sync(n, rank, barriers[n], counters[n], flags[n], sync, timeout)
+                s = bench.Sync(n, rank, barriers[n], counters[n], flags[n], sync, timeout,
+                               pause=plan.get("pause_s", 0.0))
                 out["compute"][str(n)] = bench.compute_suite(n, plan, device, s, tick)
         if plan["group_sizes"]:
             barriers[nproc].wait(timeout)

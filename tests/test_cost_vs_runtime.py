@@ -125,3 +125,47 @@ def test_moe_activations_equal_the_saved_tensors(moe):
     assert got == want
     if not moe:
         assert got == 128 * (2 * 1824 + 68 - 1024) + 128 == 344_704
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_block_activations_equal_the_saved_tensors_under_autocast(autocast):
+    """What a Llama block keeps, fp32 and under bf16 autocast with fp32 weights (ptd's
+    runtime), against the tensors it saves on this CPU. Activations only: the weights' bf16
+    copies (priced as buffers), the rotary tables (sequence x head_dim) and the norms' per-token
+    statistics are left out of both sides, and so is the block's input, which the model
+    counts as the first norm's input (the previous block's output)."""
+    import torch
+    from ptd.cost.memory import activation_bytes_per_layer
+    from ptd.runtime.model.init import materialize
+    from ptd.runtime.model.transformer import build_model
+    spec = get_preset("small")  # SwiGLU, RMSNorm, RoPE, 8 heads / 4 kv heads
+    s, b = 64, 3  # 192 tokens: no activation shares a weight's shape (wk is 128 x 256)
+    model = build_model(spec, "meta")
+    materialize(model, torch.device("cpu"), seed=0)
+    rope = (model.rope_cos, model.rope_sin)
+    x = torch.randn(b, s, spec.hidden, requires_grad=True)
+    shapes = {tuple(p.shape) for p in model.parameters()}
+    shapes |= {sh[::-1] for sh in shapes}  # the products' transposed weights
+    seen = {}
+
+    def pack(t):
+        if t is x or tuple(t.shape) in shapes or t.shape[-1] == 1 or t.shape[0] == 1:
+            return t  # the input, weights (and their casts), statistics, rotary tables
+        seen[t.untyped_storage().data_ptr()] = t.numel() * t.element_size()
+        return t
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model.layers["0"](x, rope)
+    got = sum(seen.values())
+    ab = 2 if autocast else 4
+    want = activation_bytes_per_layer(spec, s, b, act_bytes=ab, fused_norm=False,
+                                      autocast=autocast) - 4 * s * b * spec.hidden
+    assert got == want
+    if autocast:  # by hand, 192 tokens of h 256, q 256, kv 128, F 704: bytes per token
+        per_token = (4 * 256            # the second norm's fp32 input
+                     + 2 * 4 * 256      # the composite RMSNorm's normalised inputs, fp32
+                     + 5 * 2 * 256      # wq, wk, wv, w1, w3 each keep their bf16 input
+                     + 2 * (256 + 2 * 128) + 2 * 256  # q, k, v after RoPE; attention output
+                     + 4 * 2 * 704      # SwiGLU: w1 and w3 outputs, SiLU, the product
+                     + 4 * 8)           # the attention's fp32 log-sum-exp, 8 heads
+        assert got == 192 * per_token

@@ -164,10 +164,11 @@ def run(a: argparse.Namespace) -> int:
         emit_json(e.to_json() | {"dp_comm": a.dp_comm, "servers": a.servers,
                                  "vocab": {"size": model.vocab_size, "multiple": model.vocab_multiple,
                                            "padded": model.padded_vocab(e.plan.tp)},
-                                 "activation_convention": activation_figures(e.model, e.plan)}
+                                 "activation_convention": activation_figures(
+                                     e.model, e.plan, opts, cluster.hardware)}
                   | ({"tp_mode": mode} if mode else {}))
     else:
-        print(render(e, extra))
+        print(render(e, extra, opts))
         if mode:
             print(render_tp_mode(mode))
         if opts.ps_servers:
@@ -201,7 +202,7 @@ def render_tp_mode(d: dict) -> str:  # type: ignore[type-arg]
         f"(1d without sp: {gib(d['layer_inputs_per_device_1d_bytes'])})"])
 
 
-def render(e, extra: dict[str, str] | None = None) -> str:
+def render(e, extra: dict[str, str] | None = None, opts=None) -> str:
     """The human report of one :class:`~ptd.cost.estimate.Estimate` (``extra``: settings
     made for the user, shown on the ``chosen:`` line)."""
     m, c, p = e.model, e.cluster, e.plan
@@ -224,7 +225,7 @@ def render(e, extra: dict[str, str] | None = None) -> str:
                  f"{'fits' if mem.fits else 'DOES NOT FIT'} in {gib(c.hardware.usable_memory)}"
                  + (f" of {gib(c.hardware.memory_bytes)}" if c.hardware.memory_reserved else "")))
     lines += ["", "memory per device", table(rows, header=("part", "bytes", "share"), align="lrr")]
-    lines.append(activation_convention(m, p))
+    lines.append(activation_convention(m, p, opts, c.hardware))
     st = e.step
     rows = [(k, duration(getattr(st, k)), pct(getattr(st, k) / st.total))
             for k in ("compute", "tp_comm", "pp_comm", "dp_comm_exposed", "bubble", "optimizer")
@@ -246,21 +247,27 @@ def render(e, extra: dict[str, str] | None = None) -> str:
     return "\n".join(lines)
 
 
-def activation_figures(m, p) -> dict:
+def activation_figures(m, p, opts=None, hw=None) -> dict:
     """Which activation count the report uses, and both counts for the same plan under the
-    one recompute setting Megatron-LM's formula describes (selective, with sp when tp > 1)."""
+    one recompute setting Megatron-LM's formula describes (selective, with sp when tp > 1).
+    ptd's count follows the estimate's options (``opts``, ``hw``: autocast, fused norms)."""
+    from ..cost.estimate import CostOptions, autocast, fused_norm
     from ..cost.megatron_memory import megatron_activation_bytes
     from ..cost.memory import activation_bytes
+    opts = opts or CostOptions()
     sel = p.replace(recompute="selective", sp=p.tp > 1)
+    ours = activation_bytes(m, sel, opts.attention, opts.gqa_expanded,
+                            fused_norm=fused_norm(opts, hw) if hw is not None else True,
+                            autocast=autocast(opts))
     return {"used": "ptd", "ptd": f"tensor by tensor ({m.mlp} MLP unfused)",
             "megatron": "Megatron-LM's formula (a GPT block)",
-            "selective_sp": sel.sp, "ptd_selective_bytes": activation_bytes(m, sel),
+            "selective_sp": sel.sp, "ptd_selective_bytes": ours,
             "megatron_selective_bytes": megatron_activation_bytes(m, sel)}
 
 
-def activation_convention(m, p) -> str:
+def activation_convention(m, p, opts=None, hw=None) -> str:
     """The report's line for :func:`activation_figures`."""
-    f = activation_figures(m, p)
+    f = activation_figures(m, p, opts, hw)
     return (f"activations: ptd's count, {f['ptd']}; with selective "
             f"recompute{' + sp' if f['selective_sp'] else ''} it gives "
             f"{gib(f['ptd_selective_bytes'])}, {f['megatron']} {gib(f['megatron_selective_bytes'])}")

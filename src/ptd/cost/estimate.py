@@ -153,13 +153,20 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         plan.validate(model, cluster.n_devices)
     fl = flops_per_token(model, plan.seq_len, plan.recompute, options.recompute_early_stop)
     mem = memory(model, plan, cluster.hardware.usable_memory, options.convention,
-                 options.attention, options.gqa_expanded, fused_norm(options, cluster.hardware))
+                 options.attention, options.gqa_expanded, fused_norm(options, cluster.hardware),
+                 autocast(options))
     st = step_time(model, plan, cluster, options.attention, options.dp_overlap,
                    options.recompute_early_stop, options.tp_grad_per_linear,
                    options.moe_imbalance, options.ps_servers, options.zero3_gather,
                    options.elementwise)
     d = float(tokens) if tokens else 20.0 * model.param_count()
     return Estimate(model, cluster, plan, fl, mem, st, d)
+
+
+def autocast(options: CostOptions) -> bool:
+    """Whether activations are those of fp32 weights under autocast (ptd's runtime, its
+    byte convention): see :func:`ptd.cost.memory.activation_bytes_per_layer`."""
+    return options.elementwise == "autocast" and options.convention == "ptd"
 
 
 def fused_norm(options: CostOptions, hw: Any) -> bool:

@@ -190,11 +190,17 @@ def zero_paper_model_states(n_params: float, dp: int, stage: int, k: int = 12) -
 def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1,
                                sp: bool = False, recompute: str = "none", act_bytes: int = 2,
                                attention: AttentionKind = "flash", gqa_expanded: bool = False,
-                               dropout: bool | None = None, fused_norm: bool = True) -> float:
+                               dropout: bool | None = None, fused_norm: bool = True,
+                               autocast: bool = False) -> float:
     """Bytes one block keeps for its backward, for one micro-batch (see module docstring).
     ``fused_norm=False``: RMSNorm runs as PyTorch's composite ``rms_norm`` (what the CPU
     runs), which keeps the normalised input ``x * rsqrt(mean(x^2) + eps)`` for the weight's
-    gradient beside the norm's input and output: one more ``a_b s b h`` per norm."""
+    gradient beside the norm's input and output: one more ``a_b s b h`` per norm.
+    ``autocast``: fp32 weights under ``torch.autocast`` in a 16-bit ``act_bytes`` (ptd's
+    runtime): the residual stream and the norms stay fp32 (4 bytes), and each linear layer
+    keeps its own cast copy of its input (q, k and v three, the MLP's gate and up two), where
+    a 16-bit model shares one per projection group (counted with saved-tensor hooks in
+    tests/test_cost_vs_runtime.py)."""
     s, b, h, a, t = seq_len, micro_batch, model.hidden, model.n_heads, tp
     q = model.q_dim
     kv = q if gqa_expanded else model.kv_dim
@@ -204,13 +210,16 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     sbh = s * b * h
     seq_div = t if sp else 1  # the replicated (non-tensor-parallel) regions
     ab = act_bytes
+    cast = autocast and ab < 4
+    nb = 4 if cast else ab  # the stream and the norms
     if recompute == "full":
-        return ab * sbh / seq_div
+        return nb * sbh / seq_div
     total = 0.0
-    total += 2 * ab * sbh / seq_div                       # two norm inputs
-    total += 2 * ab * sbh / seq_div                       # QKV input, MLP input
+    total += 2 * nb * sbh / seq_div                       # two norm inputs
+    inputs = 3 + (2 if model.mlp == "swiglu" else 1) if cast else 2
+    total += inputs * ab * sbh / seq_div                  # QKV input, MLP input (or each cast)
     if not fused_norm and model.norm == "rmsnorm":
-        total += 2 * ab * sbh / seq_div                   # composite RMSNorm: x * rstd, twice
+        total += 2 * nb * sbh / seq_div                   # composite RMSNorm: x * rstd, twice
     total += ab * s * b * (q + 2 * kv) / t                # Q, K, V
     total += ab * s * b * q / t                           # attention-output input
     total += (2 if model.mlp == "gelu" else 4) * ab * s * b * f / t
@@ -246,14 +255,16 @@ def moe_bytes_per_token(model: ModelSpec, act_bytes: int) -> float:
 
 
 def output_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1,
-                            sp: bool = False, act_bytes: int = 2, fused_norm: bool = True) -> float:
+                            sp: bool = False, act_bytes: int = 2, fused_norm: bool = True,
+                            autocast: bool = False) -> float:
     """What the final norm, output layer and cross-entropy keep: the norm input and output
     layer input (``a_b s b h`` each, /t with sp; a composite RMSNorm also its normalised
-    input) and the fp32 log-probabilities (``4 s b V / t``, V padded) that the loss's backward
-    needs."""
+    input; under ``autocast`` the norm's tensors fp32) and the fp32 log-probabilities
+    (``4 s b V / t``, V padded) that the loss's backward needs."""
     sbh = seq_len * micro_batch * model.hidden
-    norm = 3 if (not fused_norm and model.norm == "rmsnorm") else 2
-    return (norm * act_bytes * sbh / (tp if sp else 1)
+    nb = 4 if (autocast and act_bytes < 4) else act_bytes
+    norm = 2 if (not fused_norm and model.norm == "rmsnorm") else 1
+    return ((norm * nb + act_bytes) * sbh / (tp if sp else 1)
             + 4 * seq_len * micro_batch * model.padded_vocab(tp) / tp)
 
 
@@ -300,14 +311,15 @@ def _held_layers(model: ModelSpec, layout: tuple, m: int, v: int, schedule: str
 
 def activation_bytes(model: ModelSpec, plan: ParallelPlan, attention: AttentionKind = "flash",
                      gqa_expanded: bool = False, pp_rank: int | None = None,
-                     fused_norm: bool = True) -> float:
-    """Peak activation bytes on the most loaded pipeline rank (or the given one)."""
+                     fused_norm: bool = True, autocast: bool = False) -> float:
+    """Peak activation bytes on the most loaded pipeline rank (or the given one);
+    ``autocast``: see :func:`activation_bytes_per_layer`."""
     ab = DTYPE_BYTES[plan.dtype]
     per_layer = activation_bytes_per_layer(model, plan.seq_len, plan.micro_batch, plan.tp,
                                            plan.sp, plan.recompute, ab, attention, gqa_expanded,
-                                           fused_norm=fused_norm)
+                                           fused_norm=fused_norm, autocast=autocast)
     out_keep = output_activation_bytes(model, plan.seq_len, plan.micro_batch, plan.tp, plan.sp, ab,
-                                       fused_norm)
+                                       fused_norm, autocast)
     out_work = output_transient_bytes(model, plan.seq_len, plan.micro_batch, plan.tp)
     # the embedding's dropout mask: a sequence shard under sp, except with learned positions,
     # whose embedding the runtime keeps whole over tp (runtime/parallel/tp.py) until block 0
@@ -400,14 +412,17 @@ def zero12_full_grads(plan: ParallelPlan) -> bool:
 
 def memory(model: ModelSpec, plan: ParallelPlan, capacity: float = 0.0,
            convention: Convention = "ptd", attention: AttentionKind = "flash",
-           gqa_expanded: bool = False, fused_norm: bool = True) -> MemoryBreakdown:
-    """Memory on the most loaded device."""
+           gqa_expanded: bool = False, fused_norm: bool = True,
+           autocast: bool = False) -> MemoryBreakdown:
+    """Memory on the most loaded device; ``autocast``: fp32 weights under autocast keep
+    fp32 norm tensors and a cast input per linear layer (:func:`activation_bytes_per_layer`)."""
     p, g, o = model_state_bytes(model, plan, convention)
     if plan.offload:
         # FSDP CPU offload keeps sharded parameters, gradients and optimizer states in host
         # memory; the device holds only what is gathered for compute (buffers).
         p = g = o = 0.0
-    act = activation_bytes(model, plan, attention, gqa_expanded, fused_norm=fused_norm) / plan.cp
+    act = activation_bytes(model, plan, attention, gqa_expanded, fused_norm=fused_norm,
+                           autocast=autocast) / plan.cp
     return MemoryBreakdown(params=p, grads=g, optimizer=o, activations=act,
                            buffers=buffer_bytes(model, plan, convention=convention)
                            + kv_buffer_bytes(model, plan),

@@ -35,7 +35,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from ..cost.estimate import CostOptions, Estimate, fused_norm, zero_stages
+from ..cost.estimate import CostOptions, Estimate, autocast, fused_norm, zero_stages
 from ..cost.flops import flops_per_token
 from ..cost.memory import memory
 from ..cost.step import step_time
@@ -218,7 +218,7 @@ class _Pricer:
     def memory(self, plan: ParallelPlan):
         o = self.options
         return memory(self.model, plan, self.capacity, o.convention, o.attention, o.gqa_expanded,
-                      fused_norm(o, self.cluster.hardware))
+                      fused_norm(o, self.cluster.hardware), autocast(o))
 
     def estimate(self, plan: ParallelPlan, mem) -> Estimate:
         o = self.options

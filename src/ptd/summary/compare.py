@@ -65,7 +65,9 @@ def predicted_rank_memory(model: Any, plan: Any, pp_rank: int, dp_rank: int,
     d = {"params": e.params * pb, "grads": e.grads * gb, "optimizer": e.optimizer * ob}
     d["total"] = d["params"] + d["grads"] + d["optimizer"]
     fused = fused_norm(CostOptions(), hardware) if hardware is not None else True
-    d["activations"] = activation_bytes(model, plan, pp_rank=pp_rank, fused_norm=fused)
+    # ptd's runtime: fp32 weights under autocast in bf16/fp16
+    d["activations"] = activation_bytes(model, plan, pp_rank=pp_rank, fused_norm=fused,
+                                        autocast=True)
     return d
 
 

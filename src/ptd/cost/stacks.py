@@ -69,9 +69,11 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           "torchtitan (Liang et al. 2024, arXiv 2410.06511): FSDP2 with prefetching, PyTorch "
           "SDPA, non-reentrant activation checkpointing, DTensor tensor parallelism; FSDP2 "
           "mixed precision (bf16 parameters cast in the all-gather); the Llama model of "
-          "facebookresearch/llama's model.py (RMSNorm in fp32 operators, K/V repeated to "
-          "the query heads, eager rotary embedding and SwiGLU "
-          "operators; docs/performance.md names no torch.compile).", elementwise="llama-ref"),
+          "facebookresearch/llama's model.py: torchtitan/models/norms.py RMSNorm, the "
+          "default norm_type 'rmsnorm' (fused_rmsnorm, a Triton kernel, optional), runs "
+          "_norm(x.float()).type_as(x) * weight as separate operators; models/llama/model.py "
+          "repeat_kv copies K/V to the query heads; rotary embedding and SwiGLU eager; "
+          "docs/performance.md names no torch.compile.", elementwise="llama-ref"),
     _DEEPSPEED,
     # the same kernels and overlap; only ZeRO-3's gathers differ
     dataclasses.replace(

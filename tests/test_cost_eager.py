@@ -148,3 +148,32 @@ def test_ptd_runtime_on_an_h200_within_ten_percent(i):
     est = estimate(model, ClusterSpec(load_hardware("h200"), 1), plan,
                    options=stack_options("ptd"))
     assert abs(est.step.compute * 1e3 / measured_ms - 1) < 0.10, (name, est.step.compute)
+
+
+def test_gpu_eager_kernels_run_at_their_measured_bandwidth():
+    """On a GPU each kind of eager kernel moves its bytes at the rate it was measured at
+    beside a 3.86 TB/s copy on the H200 (docs/gpu-h100.md): with the copy bandwidth at
+    3.86 TB/s, 2.03 TB of bf16->fp32 casts take 1 s, 1.44 TB of rotary broadcast products
+    1 s, 0.96 TB of concatenations 1 s; norms at 2.02 of a 2.98 TB/s copy (the H100's)."""
+    from ptd.cost.compute import eager_time
+    T = 1e12
+    f, b = eager_time({"cast_up": [2.03 * T, 0.0], "broadcast": [0.0, 1.44 * T],
+                       "cat": [0.96 * T, 0.0]}, 3.86 * T, gpu=True)
+    assert f == pytest.approx(2.0) and b == pytest.approx(1.0)
+    f, _ = eager_time({"norm": [2.02 * T, 0.0], "copy": [2.98 * T, 0.0]}, 2.98 * T, gpu=True)
+    assert f == pytest.approx(2.0)
+    # elsewhere (a CPU) every byte at the copy bandwidth
+    f, b = eager_time({"cast_up": [2.0, 1.0], "cat": [1.0, 3.0]}, 1.0, gpu=False)
+    assert (f, b) == (3.0, 4.0)
+
+
+def test_passes_by_kernel_add_up_to_the_counts():
+    passes = E.block_passes(TINY, 10, 1, False, "bf16", "autocast")
+    assert sum(v[0] for v in passes.values()) == E.block_bytes(TINY, 10, 1, False, "bf16",
+                                                               "autocast")[0]
+    # by hand, per token: rope's broadcast products 4 passes x 2 bytes x (q + kv = 8 wide)
+    # both ways; the linear inputs' casts down (5 x 6 x 4) forward and up backward, each
+    # plus the weights' casts (160 parameters x 6 bytes) once per micro-batch
+    assert passes["broadcast"] == [10 * 4 * 2 * 8] * 2
+    assert passes["cast_up"][1] == 10 * 5 * 6 * 4 + 160 * 6
+    assert passes["cast_down"][0] == 10 * 5 * 6 * 4 + 160 * 6

@@ -168,6 +168,20 @@ def shape_efficiency(m: float, n: float, k: float, sms: int, count: float = 1) -
 NORM_BW_FRACTION = 2.02 / 2.98
 
 
+def eager_time(passes: dict[str, list[float]], bw: float, gpu: bool) -> tuple[float, float]:
+    """(forward, backward) seconds of eager memory-bound passes (:mod:`ptd.cost.eager`): on a
+    GPU each kind of kernel at its measured share of the copy bandwidth ``bw``
+    (``EAGER.BW_FRACTION``; norms at :data:`NORM_BW_FRACTION`), elsewhere all at ``bw``."""
+    fwd = bwd = 0.0
+    for kind, (f, b) in passes.items():
+        frac = 1.0
+        if gpu:
+            frac = NORM_BW_FRACTION if kind == "norm" else EAGER.BW_FRACTION[kind]
+        fwd += f / (bw * frac)
+        bwd += b / (bw * frac)
+    return fwd, bwd
+
+
 def gemm_time(g: Gemm, rate: float, bw: float, act_bytes: int, hw: HardwareSpec | None = None,
               dtype: str | None = None) -> float:
     """Roofline time of ``g``. Its rate: the measured one for its shape where the profile
@@ -380,10 +394,8 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
         ew += norm_bytes_fwd(model, tokens, tp, sp, ab) / bw * slow_norm
         ew_b = 2 * ew
     else:
-        ef, eb = EAGER.block_bytes(model, tokens, tp, sp, dtype, elementwise)
-        norm = norm_bytes_fwd(model, tokens, tp, sp, EAGER.dtypes(dtype, elementwise)[1])
-        ew = (ef + norm * slow_norm) / bw
-        ew_b = (eb + 2.5 * norm * slow_norm) / bw  # backward: 5r per norm against 2r
+        ew, ew_b = eager_time(EAGER.block_passes(model, tokens, tp, sp, dtype, elementwise),
+                              bw, gpu_kernels)
     if attention == "flash":
         # fused: the s x s scores never reach memory; it reads Q, K, V and writes O
         flops = 0.5 * sum(g.flops for g in attn)  # causal tiles skipped
@@ -424,11 +436,12 @@ def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype:
     norm_bytes = 2 * ab * tokens * model.hidden
     of, ob = output_ops(model)
     t_out = gemm_time(g, rate, bw, ab, hw, dtype)
-    mem_f, mem_b = 0.5 * loss_bytes + norm_bytes, 0.5 * loss_bytes + 2 * norm_bytes
+    t_f, t_b = (0.5 * loss_bytes + norm_bytes) / bw, (0.5 * loss_bytes + 2 * norm_bytes) / bw
     if elementwise != "fused":  # op by op (see ptd.cost.eager)
-        mem_f, mem_b = EAGER.output_bytes(model, tokens, tp, dtype, elementwise)
-    fwd = dispatch_floor(t_out + mem_f / bw + of * overhead, of, hw)
-    bwd = dispatch_floor(2 * t_out + mem_b / bw + ob * overhead, ob, hw)
+        t_f, t_b = eager_time(EAGER.output_passes(model, tokens, tp, dtype, elementwise), bw,
+                              bool(hw.sm_count))
+    fwd = dispatch_floor(t_out + t_f + of * overhead, of, hw)
+    bwd = dispatch_floor(2 * t_out + t_b + ob * overhead, ob, hw)
     if tp > 1 and dtensor_overhead:
         _, (df, db) = tp_dtensor_ops(model, sp)
         fwd += df * dtensor_overhead

@@ -51,6 +51,17 @@ from ..specs.hardware import DTYPE_BYTES
 from ..specs.model import ModelSpec
 
 KINDS = ("fused", "eager", "llama-ref", "autocast")
+BW_FRACTION = {
+    "copy": 1.0, "cast_down": 1.0, "elementwise": 3.56 / 3.86, "cast_up": 2.03 / 3.86,
+    "add": 2.73 / 3.86, "broadcast": 1.44 / 3.86, "cat": 0.96 / 3.86, "softmax": 2.11 / 3.86}
+"""On a GPU, the share of a copy's bandwidth each kind of eager kernel reaches (the norms
+are :data:`ptd.cost.compute.NORM_BW_FRACTION`'s). Measured alone on an H200 (torch 2.11,
+2026-11-27, ``scripts/gpu_step_breakdown.py kernels``, ``docs/data/h200-2026-11-27/
+kernels.json``), 8192 x 4096 elements, against a bf16 copy of the same size (3.86 TB/s):
+fp32->bf16 cast 4.10 (taken as 1), bf16->fp32 cast 2.03, fp32 + bf16 add 2.73 (``add``:
+sums with an fp32 operand), SiLU 3.56 (``elementwise``: same-shape operators), the rotary
+embedding's product with its tables 1.44 (``broadcast``) and its concatenation 0.96, fp32
+log-softmax over 8192 x 128256 2.11 TB/s. Unmeasured kinds (layout copies, fills) at 1."""
 REF_NORM = (36, 68)
 """Bytes per element of the Llama reference RMSNorm in bf16, (forward, backward): forward
 cast 2+4, pow 4+4, mean 4, product 4+4, cast back 4+2, weight 2+2; backward the weight's
@@ -70,40 +81,58 @@ def dtypes(dtype: str, kind: str) -> tuple[int, int]:
     return c, (4 if kind == "autocast" else c)
 
 
-def block_bytes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str, kind: str
-                ) -> tuple[float, float]:
-    """(forward, backward) bytes one block's memory-bound operators move per micro-batch of
-    ``tokens`` on one tp rank, ``kind`` ``eager`` or ``autocast`` (see the module)."""
+def block_passes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str, kind: str
+                 ) -> dict[str, list[float]]:
+    """Bytes of one block's memory-bound operators per micro-batch of ``tokens`` on one tp
+    rank, ``kind`` ``eager``, ``llama-ref`` or ``autocast`` (see the module), by the kind of
+    kernel that moves them (:data:`BW_FRACTION`): ``{kernel: [forward, backward]}``."""
     c, r = dtypes(dtype, kind)
     h = model.hidden
     hs = h / tp if sp else h  # the stream's width on a rank (sharded by sequence parallelism)
     q, kv, f, mlp_in = _widths(model, tp)
     cast = r + c if r != c else 0
     n_in = 3 + mlp_in  # linears reading a normalised input
-    fwd = 2 * 2 * r * hs + 2 * (2 * r + c) * hs + n_in * cast * h + 2 * c * q
-    bwd = 2 * 5 * r * hs + 2 * (cast + 3 * r) * hs + n_in * cast * h
-    bwd += (2 + (mlp_in - 1)) * 3 * (r if cast else c) * h  # summed input gradients
+    add = "add" if cast else "elementwise"  # sums with an fp32 operand, or in the dtype
+    out: dict[str, list[float]] = {}
+
+    def put(k: str, fwd: float, bwd: float) -> None:
+        a = out.setdefault(k, [0.0, 0.0])
+        a[0] += fwd * tokens
+        a[1] += bwd * tokens
+
+    put("norm", 2 * 2 * r * hs, 2 * 5 * r * hs)
+    put(add, 2 * (2 * r + c) * hs, 2 * 3 * r * hs)  # residual adds; skip + norm gradients
+    put("cast_down", n_in * cast * h, 2 * cast * hs)  # linear inputs; the branches' gradient
+    put("cast_up", 0.0, n_in * cast * h)  # the linear inputs' gradients back to fp32
+    put(add, 0.0, (2 + (mlp_in - 1)) * 3 * (r if cast else c) * h)  # summed input gradients
+    put("copy", 2 * c * q, 0.0)  # the attention output's layout
     if kind == "llama-ref":  # the reference RMSNorm in place of the fused kernel's passes
-        fwd += 2 * (REF_NORM[0] * c / 2 - 2 * r) * hs
-        bwd += 2 * (REF_NORM[1] * c / 2 - 5 * r) * hs
+        put("elementwise", 2 * (REF_NORM[0] * c / 2 - 2 * r) * hs,
+            2 * (REF_NORM[1] * c / 2 - 5 * r) * hs)
         if kv < q:  # repeat_kv: K and V copied to the query heads, summed back
-            fwd += 2 * c * (kv + q)
-            bwd += 2 * c * (q + kv)
-    if model.position == "rope":
-        fwd += 10 * c * (q + kv)
-        bwd += 10 * c * (q + kv)
+            put("copy", 2 * c * (kv + q), 2 * c * (q + kv))
+    if model.position == "rope":  # neg (1) and sum (3); concatenation (2); two products (4)
+        put("elementwise", 4 * c * (q + kv), 4 * c * (q + kv))
+        put("cat", 2 * c * (q + kv), 2 * c * (q + kv))
+        put("broadcast", 4 * c * (q + kv), 4 * c * (q + kv))
     act_f, act_b = (5, 9) if model.mlp == "swiglu" else (2, 3)
-    fwd += act_f * c * f
-    bwd += act_b * c * f
+    put("elementwise", act_f * c * f, act_b * c * f)
     if model.is_moe:  # routed experts: gather, weighting and index_add per assignment
         routed = model.top_k * ((act_f * model.ffn_hidden) + 6 * h) * c
-        fwd += routed
-        bwd += 2 * routed
+        put("elementwise", routed, 2 * routed)
     if model.dropout > 0:  # two residual dropouts: read, write, a one-byte mask
-        fwd += 2 * hs * (2 * c + 1)
-        bwd += 2 * hs * (2 * c + 1)
-    per_mb = weight_cast_bytes(model, tp, dtype, kind)
-    return fwd * tokens + per_mb, bwd * tokens + per_mb
+        put("elementwise", 2 * hs * (2 * c + 1), 2 * hs * (2 * c + 1))
+    w = weight_cast_bytes(model, tp, dtype, kind)
+    out.setdefault("cast_down", [0.0, 0.0])[0] += w
+    out.setdefault("cast_up", [0.0, 0.0])[1] += w
+    return out
+
+
+def block_bytes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str, kind: str
+                ) -> tuple[float, float]:
+    """(forward, backward) bytes of :func:`block_passes`, all kernels together."""
+    passes = block_passes(model, tokens, tp, sp, dtype, kind)
+    return sum(v[0] for v in passes.values()), sum(v[1] for v in passes.values())
 
 
 def weight_cast_bytes(model: ModelSpec, tp: int, dtype: str, kind: str) -> float:
@@ -120,16 +149,27 @@ def weight_cast_bytes(model: ModelSpec, tp: int, dtype: str, kind: str) -> float
     return (r + c) * weights
 
 
-def output_bytes(model: ModelSpec, tokens: float, tp: int, dtype: str, kind: str
-                 ) -> tuple[float, float]:
-    """(forward, backward) bytes of the final norm, the loss and (autocast) the output
-    weight's casts. The loss runs in fp32 over the local vocabulary ``V``: the logits cast to
-    fp32 (c + 4), log-softmax (read, write: 8); backward, the loss gradient's zero fill (4),
-    log-softmax's backward (read two, write one: 12) and the cast back (4 + c)."""
+def output_passes(model: ModelSpec, tokens: float, tp: int, dtype: str, kind: str
+                  ) -> dict[str, list[float]]:
+    """Bytes of the final norm, the loss and (autocast) the output weight's casts, by kernel
+    (``{kernel: [forward, backward]}``). The loss runs in fp32 over the local vocabulary
+    ``V``: the logits cast to fp32 (c + 4), log-softmax (read, write: 8); backward, the loss
+    gradient's zero fill (4), log-softmax's backward (read two, write one: 12) and the cast
+    back (4 + c)."""
     c, r = dtypes(dtype, kind)
     h, v = model.hidden, model.padded_vocab(tp) / tp
     to32 = c + 4 if c != 4 else 0
     cast = r + c if r != c else 0
-    fwd = (2 * r * h + cast * h + (to32 + 8) * v) * tokens + cast * v * h
-    bwd = (5 * r * h + cast * h + (4 + 12 + to32) * v) * tokens + cast * v * h
-    return fwd, bwd
+    t = tokens
+    return {"norm": [2 * r * h * t, 5 * r * h * t],
+            "cast_down": [cast * h * t + cast * v * h, to32 * v * t],
+            "cast_up": [to32 * v * t, cast * h * t + cast * v * h],
+            "softmax": [8 * v * t, 12 * v * t],
+            "copy": [0.0, 4 * v * t]}
+
+
+def output_bytes(model: ModelSpec, tokens: float, tp: int, dtype: str, kind: str
+                 ) -> tuple[float, float]:
+    """(forward, backward) bytes of :func:`output_passes`, all kernels together."""
+    passes = output_passes(model, tokens, tp, dtype, kind)
+    return sum(v[0] for v in passes.values()), sum(v[1] for v in passes.values())

@@ -384,7 +384,8 @@ def _ep_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Mi
     hw = cluster.hardware
     wait = 0.0
     if plan.ep > 1:
-        wait = cluster.blocking_wait((mbt.f + mbt.b + mbt.rc) / (MOE.EP_COLLECTIVES * mbt.nl))
+        chunk = (mbt.f + mbt.b + mbt.rc) / (MOE.EP_COLLECTIVES * max(mbt.nl, 1))
+        wait = cluster.blocking_wait(chunk)
     comm = MOE.ep_comm_time(model, plan, mbt.nl,
                             lambda kind, nbytes, n: _coll(kind, nbytes, n, hw, nodes, per_node),
                             imbalance, wait)

@@ -272,7 +272,7 @@ def test_megatron_table1_rows_within_15_percent(L, h, a, gb, n, tp, published):
                         recompute="full")
     e = choose(m, c, base, ["micro_batch"], options=CostOptions(
         attention="scores", dp_overlap=False, recompute_early_stop=False,
-        tp_grad_per_linear=False))
+        tp_grad_per_linear=False, elementwise="fused"))
     assert e.memory.fits
     tflops = megatron_flops_per_iteration(m, gb, 2048) / e.step.total / n / 1e12
     assert abs(tflops / published - 1) < 0.15, tflops

@@ -29,6 +29,7 @@ import math
 from functools import lru_cache
 from dataclasses import dataclass
 
+from . import eager as EAGER
 from ..specs.hardware import DTYPE_BYTES, HardwareSpec
 from ..specs.model import ModelSpec
 
@@ -358,20 +359,31 @@ def scores_bytes_fwd(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
 def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: int, tp: int,
                sp: bool, dtype: str, rate: float, attention: str = "flash",
                bw: float | None = None, overhead: float | None = None,
-               dtensor_overhead: float = 0.0) -> BlockTime:
+               dtensor_overhead: float = 0.0, elementwise: str = "fused") -> BlockTime:
     """``rate``, ``bw`` and ``overhead``: one worker's matmul FLOP/s, memory bandwidth and
     per-operator cost with its node's workers running (default: the hardware's own);
-    ``dtensor_overhead``: the extra cost of an operator on a DTensor (tp > 1)."""
+    ``dtensor_overhead``: the extra cost of an operator on a DTensor (tp > 1);
+    ``elementwise``: ``fused`` prices the fewest passes of memory-bound operators
+    (:func:`elementwise_bytes_fwd`, backward twice the forward), ``eager`` and ``autocast``
+    the passes PyTorch runs op by op (:mod:`ptd.cost.eager`)."""
     ab = DTYPE_BYTES[dtype]
     bw = bw or hw.effective_memory_bandwidth
     overhead = hw.op_overhead if overhead is None else overhead
     tokens = seq_len * micro_batch
     lin, attn = block_gemms(model, tokens, seq_len, micro_batch, tp)
     t_lin = sum(gemm_time(g, rate, bw, ab, hw, dtype) for g in lin)
-    ew = elementwise_bytes_fwd(model, tokens, tp, sp, ab) / bw
     gpu_kernels = bool(hw.sm_count)  # the measured kernel bandwidths are a GPU's
-    if gpu_kernels:  # the two norms (4h bytes per token of the total) run slower than a copy
-        ew += norm_bytes_fwd(model, tokens, tp, sp, ab) / bw * (1 / NORM_BW_FRACTION - 1)
+    slow_norm = (1 / NORM_BW_FRACTION - 1) if gpu_kernels else 0.0
+    if elementwise == "fused":
+        ew = elementwise_bytes_fwd(model, tokens, tp, sp, ab) / bw
+        # the two norms (4h bytes per token of the total) run slower than a copy
+        ew += norm_bytes_fwd(model, tokens, tp, sp, ab) / bw * slow_norm
+        ew_b = 2 * ew
+    else:
+        ef, eb = EAGER.block_bytes(model, tokens, tp, sp, dtype, elementwise)
+        norm = norm_bytes_fwd(model, tokens, tp, sp, EAGER.dtypes(dtype, elementwise)[1])
+        ew = (ef + norm * slow_norm) / bw
+        ew_b = (eb + 2.5 * norm * slow_norm) / bw  # backward: 5r per norm against 2r
     if attention == "flash":
         # fused: the s x s scores never reach memory; it reads Q, K, V and writes O
         flops = 0.5 * sum(g.flops for g in attn)  # causal tiles skipped
@@ -385,7 +397,7 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
         t_attn_bwd = 2 * t_attn
     ops = block_ops(model)
     fwd = dispatch_floor(t_lin + t_attn + ew + ops[0] * overhead, ops[0], hw)
-    bwd = dispatch_floor(2 * t_lin + t_attn_bwd + 2 * ew + ops[1] * overhead, ops[1], hw)
+    bwd = dispatch_floor(2 * t_lin + t_attn_bwd + ew_b + ops[1] * overhead, ops[1], hw)
     if tp > 1 and dtensor_overhead:
         (df, db), _ = tp_dtensor_ops(model, sp)
         fwd += df * dtensor_overhead
@@ -397,7 +409,8 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
 
 def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype: str,
                 rate: float, bw: float | None = None, overhead: float | None = None,
-                dtensor_overhead: float = 0.0, sp: bool = False) -> tuple[float, float]:
+                dtensor_overhead: float = 0.0, sp: bool = False, elementwise: str = "fused"
+                ) -> tuple[float, float]:
     """(forward, backward) seconds of final norm, output layer and loss on the last stage.
     The loss works in fp32 over the local vocabulary shard (log-softmax, gather, its
     gradient: about five fp32 passes over ``s b V / t``). ``V`` is the padded vocabulary
@@ -411,9 +424,11 @@ def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype:
     norm_bytes = 2 * ab * tokens * model.hidden
     of, ob = output_ops(model)
     t_out = gemm_time(g, rate, bw, ab, hw, dtype)
-    fwd = dispatch_floor(t_out + (0.5 * loss_bytes + norm_bytes) / bw + of * overhead, of, hw)
-    bwd = dispatch_floor(2 * t_out + (0.5 * loss_bytes + 2 * norm_bytes) / bw + ob * overhead,
-                         ob, hw)
+    mem_f, mem_b = 0.5 * loss_bytes + norm_bytes, 0.5 * loss_bytes + 2 * norm_bytes
+    if elementwise != "fused":  # op by op (see ptd.cost.eager)
+        mem_f, mem_b = EAGER.output_bytes(model, tokens, tp, dtype, elementwise)
+    fwd = dispatch_floor(t_out + mem_f / bw + of * overhead, of, hw)
+    bwd = dispatch_floor(2 * t_out + mem_b / bw + ob * overhead, ob, hw)
     if tp > 1 and dtensor_overhead:
         _, (df, db) = tp_dtensor_ops(model, sp)
         fwd += df * dtensor_overhead

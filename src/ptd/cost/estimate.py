@@ -56,6 +56,11 @@ class CostOptions:
     ahead behind compute: PyTorch FSDP, ptd's runtime) or ``param-sync`` (one all-gather per
     parameter tensor, each waited for before the next, and again when full recompute re-runs
     the forward: DeepSpeed's ZeRO-3 of 2021, see :mod:`ptd.cost.stacks`)."""
+    elementwise: str = "autocast"
+    """Memory-bound operators (:mod:`ptd.cost.eager`): ``fused``, the fewest passes (fused
+    kernels: Megatron-LM, Transformer Engine); ``eager``, one pass per PyTorch operator in
+    the compute dtype (torchtitan); ``autocast``, eager with fp32 weights under autocast,
+    casts included (ptd's runtime)."""
     ps_servers: int = 0
     """0: data-parallel gradients by collectives; S > 0: pushed to and pulled from S
     synchronous parameter servers (:mod:`ptd.cost.ps`; ZeRO 0/1 only)."""
@@ -151,7 +156,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                  options.attention, options.gqa_expanded, fused_norm(options, cluster.hardware))
     st = step_time(model, plan, cluster, options.attention, options.dp_overlap,
                    options.recompute_early_stop, options.tp_grad_per_linear,
-                   options.moe_imbalance, options.ps_servers, options.zero3_gather)
+                   options.moe_imbalance, options.ps_servers, options.zero3_gather,
+                   options.elementwise)
     d = float(tokens) if tokens else 20.0 * model.param_count()
     return Estimate(model, cluster, plan, fl, mem, st, d)
 

@@ -35,6 +35,9 @@ class Stack:
     zero3_gather: str = "unit"
     """ZeRO-3's parameter gathers (:class:`ptd.cost.estimate.CostOptions`): ``unit``, one
     per block, prefetched; ``param-sync``, one per tensor, synchronous, again in recompute."""
+    elementwise: str = "fused"
+    """Memory-bound operators (:mod:`ptd.cost.eager`): ``fused`` kernels, ``eager`` PyTorch
+    operators in the compute dtype, or ``autocast`` (eager, fp32 weights under autocast)."""
 
 
 _DEEPSPEED = Stack(
@@ -47,7 +50,9 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("ptd", "flash", True, True, True, ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe"),
           "ptd's runtime: PyTorch SDPA, DDP bucketed all-reduce and FSDP2 reduce-scatter "
           "during backward, torch.utils.checkpoint(use_reentrant=False), DTensor tensor "
-          "parallelism (src/ptd/runtime)."),
+          "parallelism (src/ptd/runtime); fp32 weights under torch.autocast, its norms, "
+          "rotary embedding, activation and loss as eager PyTorch operators.",
+          elementwise="autocast"),
     Stack("megatron-2021", "scores", False, False, False, ("1f1b", "interleaved-1f1b"),
           "Narayanan et al. 2021 (arXiv 2104.04473) and Korthikanti et al. 2022 (arXiv "
           "2205.05198): unfused attention with a fused scale-mask-softmax kernel, the "
@@ -62,7 +67,11 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("torchtitan", "flash", True, True, True,
           ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe"),
           "torchtitan (Liang et al. 2024, arXiv 2410.06511): FSDP2 with prefetching, PyTorch "
-          "SDPA, non-reentrant activation checkpointing, DTensor tensor parallelism."),
+          "SDPA, non-reentrant activation checkpointing, DTensor tensor parallelism; FSDP2 "
+          "mixed precision (bf16 parameters cast in the all-gather); the Llama model of "
+          "facebookresearch/llama's model.py (RMSNorm in fp32 operators, K/V repeated to "
+          "the query heads, eager rotary embedding and SwiGLU "
+          "operators; docs/performance.md names no torch.compile).", elementwise="llama-ref"),
     _DEEPSPEED,
     # the same kernels and overlap; only ZeRO-3's gathers differ
     dataclasses.replace(
@@ -86,4 +95,4 @@ def stack_options(name: str, hardware: object = None) -> CostOptions:
     return CostOptions(attention=s.attention, dp_overlap=s.dp_overlap,  # type: ignore[arg-type]
                        recompute_early_stop=s.recompute_early_stop,
                        tp_grad_per_linear=s.tp_grad_per_linear, schedules=s.schedules,
-                       zero3_gather=s.zero3_gather)
+                       zero3_gather=s.zero3_gather, elementwise=s.elementwise)

@@ -195,13 +195,14 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
               attention: str = "flash", dp_overlap: bool = True,
               recompute_early_stop: bool = True, tp_grad_per_linear: bool = True,
               moe_imbalance: float = 1.0, ps_servers: int = 0,
-              zero3_gather: str = "unit") -> StepBreakdown:
+              zero3_gather: str = "unit", elementwise: str = "autocast") -> StepBreakdown:
     """``tp_grad_per_linear``: tensor parallelism without sequence parallelism all-reduces
     each column-parallel layer's input gradient on its own (PyTorch DTensor, ptd's runtime:
     wq, wk, wv, w1 and w3 each); False sums them first and all-reduces twice per block
     (Megatron-LM's fused QKV and MLP input)."""
     m = plan.n_microbatches
-    mbt = micro_batch(model, plan, cluster, attention, recompute_early_stop, tp_grad_per_linear)
+    mbt = micro_batch(model, plan, cluster, attention, recompute_early_stop, tp_grad_per_linear,
+                      elementwise)
     cpt = CX.cp_terms(model, plan, cluster, mbt.nl)  # context parallel: whole-sequence attention
     mbt = dataclasses.replace(mbt, f=mbt.f + cpt.attn_forward, b=mbt.b + cpt.attn_backward)
     bubble, pp_comm = pipeline(model, plan, cluster, mbt, cpt.comm_exposed)
@@ -236,7 +237,8 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
 
 
 def micro_batch(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, attention: str,
-                recompute_early_stop: bool, tp_grad_per_linear: bool) -> MicroBatch:
+                recompute_early_stop: bool, tp_grad_per_linear: bool,
+                elementwise: str = "autocast") -> MicroBatch:
     """Compute and tensor-parallel time of one micro-batch on the slowest pipeline rank."""
     hw = cluster.hardware
     rate = cluster.gemm_rate(plan.dtype)
@@ -245,9 +247,9 @@ def micro_batch(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, atte
     bw, ovh = cluster.memory_bandwidth, cluster.op_overhead
     dt_ovh = (cluster.overhead("dtensor_op") or 0.0) if plan.tp > 1 else 0.0
     blk = _block_time(model, hw, s, mb, plan.tp, plan.sp, plan.dtype, rate, attention, bw,
-                      ovh, dt_ovh)
+                      ovh, dt_ovh, elementwise)
     out_f, out_b = _output_time(model, hw, tokens, plan.tp, plan.dtype, rate, bw, ovh,
-                                dt_ovh, plan.sp)
+                                dt_ovh, plan.sp, elementwise)
     ar, n_block_f, n_block_b, n_out_f, tp_out_f = _tp_collectives(
         model, plan, cluster, tokens, tp_grad_per_linear)
     tp_n = plan.tp

@@ -1,0 +1,135 @@
+"""Memory-bound traffic of a block run op by op, as eager PyTorch runs it.
+
+:func:`ptd.cost.compute.elementwise_bytes_fwd` counts the fewest passes a block needs: what
+fused kernels reach (Megatron-LM's fused bias-GELU, bias-dropout-add and norms; Transformer
+Engine). Eager PyTorch launches one kernel per operator, each reading its inputs from memory
+and writing its output, and autograd adds the backward of each. This module counts those
+passes operator by operator, so that a stack which runs eagerly (``CostOptions.elementwise``)
+is priced for what it moves.
+
+Three eager variants:
+
+* ``eager``: parameters and activations in the compute dtype, fused norm kernels;
+* ``llama-ref``: ``eager`` with the operators of the Llama reference model
+  (facebookresearch/llama's model.py, which torchtitan's Llama follows): RMSNorm as six
+  operators in fp32 (``x.float()``, ``pow``, ``mean``, the product with ``rsqrt``,
+  ``type_as``, the weight's product: 36 bytes per element forward in bf16, 68 backward) and
+  K/V repeated to the query heads before attention (a copy, and a sum over the repeats in
+  the backward); FSDP2's mixed precision casts the parameters once, in the all-gather;
+* ``autocast``: fp32 parameters under ``torch.autocast`` (ptd's runtime): the residual stream
+  and the norms stay fp32, each linear layer's input is cast on its own (autocast caches the
+  casts of weights, not of activations), every weight is cast once per forward and its
+  gradient cast back.
+
+Per token, ``c`` the compute dtype's bytes and ``r`` the residual stream's (``r = 4`` under
+autocast, else ``c``); a pass over ``n`` elements that reads ``a`` and writes ``b`` tensors
+of them moves ``(a + b) n`` elements. Why each count (forward / backward), for one block:
+
+* norms, two per block: read and write the stream (2r); backward reads the gradient and the
+  input for the input gradient and again for the weight gradient, writes one (5r);
+* residual adds, two: read the stream and the branch output, write the stream (2r + c); the
+  backward hands the stream's gradient to the branch (a cast, r + c, under autocast) and sums
+  the skip's gradient with the norm's (3r);
+* casts of the normalised input before each linear that reads it (autocast only): r + c
+  forward and back; the linears reading one input (q, k, v; gate and up) sum their input
+  gradients pairwise (3r each);
+* rotary embedding on q and k (rotate-half: a negation of half, a concatenation, two
+  products with the tables and a sum): 10c forward; the backward's two products, the
+  negation, the split's concatenation and the sum of the two paths: 10c;
+* the attention output's transpose to ``(b, s, h)``: a copy, 2c (its backward is a view);
+* SwiGLU: SiLU (2c) and the gate product (3c) over ``F``; backward, both products' gradients
+  (6c) and SiLU's (3c). GELU: 2c and 3c.
+
+Checked against the kernels of ptd's runtime on an H200 (docs/gpu-h100.md, "H200"), where
+the cast, broadcast and softmax kernels reached 0.45-0.66 of the copy bandwidth that prices
+them here: this counts bytes, not how well each kernel moves them.
+"""
+
+from __future__ import annotations
+
+from ..specs.hardware import DTYPE_BYTES
+from ..specs.model import ModelSpec
+
+KINDS = ("fused", "eager", "llama-ref", "autocast")
+REF_NORM = (36, 68)
+"""Bytes per element of the Llama reference RMSNorm in bf16, (forward, backward): forward
+cast 2+4, pow 4+4, mean 4, product 4+4, cast back 4+2, weight 2+2; backward the weight's
+product and its gradient's reduction 4+4, the cast back's 2+4, the product's two
+gradients 8+12, mean's expand 4, pow's 12, the two paths summed 12, the first cast's 4+2."""
+
+
+def _widths(model: ModelSpec, tp: int) -> tuple[float, float, float, int]:
+    """(q, kv, F) per tp rank and the number of linear layers reading the second norm."""
+    f = model.ffn_hidden * (model.n_shared_experts if model.is_moe else 1)
+    return model.q_dim / tp, model.kv_dim / tp, f / tp, 2 if model.mlp == "swiglu" else 1
+
+
+def dtypes(dtype: str, kind: str) -> tuple[int, int]:
+    """(c, r): bytes of the compute dtype and of the residual stream."""
+    c = DTYPE_BYTES[dtype]
+    return c, (4 if kind == "autocast" else c)
+
+
+def block_bytes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str, kind: str
+                ) -> tuple[float, float]:
+    """(forward, backward) bytes one block's memory-bound operators move per micro-batch of
+    ``tokens`` on one tp rank, ``kind`` ``eager`` or ``autocast`` (see the module)."""
+    c, r = dtypes(dtype, kind)
+    h = model.hidden
+    hs = h / tp if sp else h  # the stream's width on a rank (sharded by sequence parallelism)
+    q, kv, f, mlp_in = _widths(model, tp)
+    cast = r + c if r != c else 0
+    n_in = 3 + mlp_in  # linears reading a normalised input
+    fwd = 2 * 2 * r * hs + 2 * (2 * r + c) * hs + n_in * cast * h + 2 * c * q
+    bwd = 2 * 5 * r * hs + 2 * (cast + 3 * r) * hs + n_in * cast * h
+    bwd += (2 + (mlp_in - 1)) * 3 * (r if cast else c) * h  # summed input gradients
+    if kind == "llama-ref":  # the reference RMSNorm in place of the fused kernel's passes
+        fwd += 2 * (REF_NORM[0] * c / 2 - 2 * r) * hs
+        bwd += 2 * (REF_NORM[1] * c / 2 - 5 * r) * hs
+        if kv < q:  # repeat_kv: K and V copied to the query heads, summed back
+            fwd += 2 * c * (kv + q)
+            bwd += 2 * c * (q + kv)
+    if model.position == "rope":
+        fwd += 10 * c * (q + kv)
+        bwd += 10 * c * (q + kv)
+    act_f, act_b = (5, 9) if model.mlp == "swiglu" else (2, 3)
+    fwd += act_f * c * f
+    bwd += act_b * c * f
+    if model.is_moe:  # routed experts: gather, weighting and index_add per assignment
+        routed = model.top_k * ((act_f * model.ffn_hidden) + 6 * h) * c
+        fwd += routed
+        bwd += 2 * routed
+    if model.dropout > 0:  # two residual dropouts: read, write, a one-byte mask
+        fwd += 2 * hs * (2 * c + 1)
+        bwd += 2 * hs * (2 * c + 1)
+    per_mb = weight_cast_bytes(model, tp, dtype, kind)
+    return fwd * tokens + per_mb, bwd * tokens + per_mb
+
+
+def weight_cast_bytes(model: ModelSpec, tp: int, dtype: str, kind: str) -> float:
+    """Autocast: each block weight read in fp32 and written in the compute dtype once per
+    forward, and its gradient cast back in the backward (per micro-batch, one tp rank)."""
+    c, r = dtypes(dtype, kind)
+    if r == c:
+        return 0.0
+    h = model.hidden
+    q, kv, f, mlp_in = _widths(model, tp)
+    weights = h * (2 * q + 2 * kv) + (mlp_in + 1) * h * f
+    if model.is_moe:
+        weights += model.n_experts * (mlp_in + 1) * h * model.ffn_hidden
+    return (r + c) * weights
+
+
+def output_bytes(model: ModelSpec, tokens: float, tp: int, dtype: str, kind: str
+                 ) -> tuple[float, float]:
+    """(forward, backward) bytes of the final norm, the loss and (autocast) the output
+    weight's casts. The loss runs in fp32 over the local vocabulary ``V``: the logits cast to
+    fp32 (c + 4), log-softmax (read, write: 8); backward, the loss gradient's zero fill (4),
+    log-softmax's backward (read two, write one: 12) and the cast back (4 + c)."""
+    c, r = dtypes(dtype, kind)
+    h, v = model.hidden, model.padded_vocab(tp) / tp
+    to32 = c + 4 if c != 4 else 0
+    cast = r + c if r != c else 0
+    fwd = (2 * r * h + cast * h + (to32 + 8) * v) * tokens + cast * v * h
+    bwd = (5 * r * h + cast * h + (4 + 12 + to32) * v) * tokens + cast * v * h
+    return fwd, bwd

@@ -1,0 +1,219 @@
+"""ptd.cost.step's composition worked by hand, where the aggregate tests do not look: which
+group each axis prices (context parallelism joins data parallelism only), the
+tensor-parallel collective counts of a block and of the output layer, the slowest rank's
+tp times, the optimizer's inputs (ZeRO's shard, the tensor count, which per-tensor overhead,
+the norms' all-reduces under sequence parallelism) and the processor-sharing ratio of a
+calibrated CPU.
+
+The pricing functions step.py composes (block and output times, collectives, the optimizer
+step) are replaced by stand-ins of known value, so that each expected value is arithmetic
+on those values, written out in the comments; the groups come from the placement rule of
+``ptd.specs.layout`` (row-major over pp, dp, cp, tp).
+
+Written from the surviving mutants of a 30-mutant sample of step.py
+(``scripts/mutation_sample.py sample ... --n 30 --seed 20261127``).
+"""
+import pytest
+
+from ptd.cost import compute as C
+from ptd.cost import params as P
+from ptd.cost import step as S
+from ptd.specs.hardware import ClusterSpec, load_hardware
+from ptd.specs.model import ModelSpec
+from ptd.specs.plan import ParallelPlan
+
+
+def exact(x):
+    return pytest.approx(x, rel=1e-12, abs=0)
+
+
+LLAMA = ModelSpec(name="l", n_layers=4, hidden=8, n_heads=2, n_kv_heads=2, ffn_hidden=16,
+                  vocab_size=128, max_seq_len=64, mlp="swiglu", norm="rmsnorm",
+                  position="rope", tied_embeddings=False, bias=False)
+# GPT-2's layout: LayerNorm with bias, learned positions, biases, GELU, tied output
+GPT2 = ModelSpec(name="g", n_layers=4, hidden=8, n_heads=2, n_kv_heads=2, ffn_hidden=32,
+                 vocab_size=128, max_seq_len=64, mlp="gelu", norm="layernorm",
+                 position="learned", tied_embeddings=True, bias=True)
+
+GPU = load_hardware("h100-sxm")  # no calibrated waits or overheads: blocking waits are 0
+
+
+def _bytes_as_seconds(calls):
+    """A stand-in collective: ``nbytes`` seconds, every call recorded."""
+    def coll(kind, nbytes, n, hw, nodes=1, per_node=None):
+        calls.append((kind, nbytes, n, nodes, per_node))
+        return float(nbytes)
+    return coll
+
+
+# ------------------------------------------------------------------ groups
+
+def test_group_context_parallelism_joins_data_parallelism_only():
+    # 8 ranks, 4 to a node, laid out (pp, dp, cp, tp) = (1, 2, 2, 2): rank = (dp*2 + cp)*2 + tp
+    plan = ParallelPlan(dp=2, tp=2, pp=1, cp=2)
+    cluster = ClusterSpec(GPU, 8, 4)
+    # tp: rank 0's peers 0, 1 -- one node, 2 on it
+    assert S._group(plan, cluster, "tp") == (2, 1, 2)
+    # dp with cp: the gradient group is dp x cp = ranks 0, 2 (cp 1), 4 (dp 1), 6: nodes 0 and
+    # 1, two on each
+    assert S._group(plan, cluster, "dp") == (4, 2, 2)
+    # without cp, dp alone: ranks (dp*1 + 0)*2 = 0, 2 of (1, 2, 1, 2) on nodes of 4: one node
+    assert S._group(ParallelPlan(dp=2, tp=2, pp=1, cp=1), ClusterSpec(GPU, 4, 4), "dp") == (2, 1, 2)
+
+
+def test_group_pipeline_with_context_parallelism_is_the_pipeline():
+    # (pp, dp, cp, tp) = (2, 1, 2, 2): stages 4 ranks apart, rank 0's pipeline peers 0 and 4,
+    # on nodes of 4: two nodes, one each (not the dp x cp group 0, 2)
+    plan = ParallelPlan(dp=1, tp=2, pp=2, cp=2)
+    assert S._group(plan, ClusterSpec(GPU, 8, 4), "pp") == (2, 2, 1)
+
+
+# ------------------------------------------------------------------ tp collectives
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_tp_collectives_by_hand(monkeypatch, sp):
+    calls = []
+    monkeypatch.setattr(S, "_coll", _bytes_as_seconds(calls))
+    plan = ParallelPlan(dp=1, tp=2, pp=1, sp=sp, micro_batch=1, global_batch=1, seq_len=5,
+                        dtype="bf16")
+    ar, nbf, nbb, nof, tpof = S._tp_collectives(LLAMA, plan, ClusterSpec(GPU, 2), 5, True)
+    # the block's activation all-reduce: 2 bytes x 5 tokens x hidden 8 = 80; the loss's
+    # fp32 per token, 4 x 5 = 20, three of them (max, sum of exponentials, target logit)
+    assert ar == 80.0
+    assert calls == [("all_reduce", 80, 2, 1, 2), ("all_reduce", 20, 2, 1, 2)]
+    assert nbf == 2
+    if sp:
+        # sequence parallel: one all-gather + reduce-scatter pair per block each way, and the
+        # gather before the output layer (an activation's worth) beside the loss's three
+        assert (nbb, nof, tpof) == (2, 4, 80.0 + 3 * 20.0)
+    else:
+        # per linear: wq, wk, wv, w1, w3 each all-reduce their input gradient
+        assert (nbb, nof, tpof) == (5, 3, 3 * 20.0)
+
+
+def test_tp_collectives_fused_inputs_gelu_and_full_recompute(monkeypatch):
+    monkeypatch.setattr(S, "_coll", _bytes_as_seconds([]))
+    plan = ParallelPlan(dp=1, tp=2, pp=1, micro_batch=1, global_batch=1, seq_len=5,
+                        dtype="bf16", recompute="full")
+    # GELU per linear: wq, wk, wv, w1 = 4, and full recompute repeats the forward's 2: 6
+    assert S._tp_collectives(GPT2, plan, ClusterSpec(GPU, 2), 5, True)[2] == 6
+    # fused inputs (Megatron): 2, plus recompute's 2
+    assert S._tp_collectives(GPT2, plan, ClusterSpec(GPU, 2), 5, False)[2] == 4
+
+
+# ------------------------------------------------------------------ micro-batch
+
+def test_micro_batch_tensor_parallel_times_by_hand(monkeypatch):
+    blk = C.BlockTime(forward=3.0, backward=5.0, attention_forward=1.0, last_matmul_forward=0.5)
+    monkeypatch.setattr(S, "_block_time", lambda *a, **k: blk)
+    monkeypatch.setattr(S, "_output_time", lambda *a, **k: (7.0, 11.0))
+    # all-reduce 0.25 s; 2 per block forward, 5 backward; output layer 3 forward, 0.75 s
+    monkeypatch.setattr(S, "_tp_collectives", lambda *a, **k: (0.25, 2, 5, 3, 0.75))
+    plan = ParallelPlan(dp=1, tp=2, pp=1, micro_batch=1, global_batch=1, seq_len=8,
+                        dtype="bf16", recompute="full")
+    mb = S.micro_batch(LLAMA, plan, ClusterSpec(GPU, 2), "flash", True, True)
+    # one rank, 4 blocks, first and last stage:
+    #   f  = 4 x 3 + 7 = 19;  b = 4 x 5 + 11 = 31;  rc = 4 x (3 - 0.5) = 10 (early stop)
+    #   tf = 4 x 2 x 0.25 + 0.25 (embedding output) + 0.75 (output layer) = 3
+    #   tb = 4 x 5 x 0.25 + 0.25 (the output layer's input gradient) = 5.25
+    assert (mb.f, mb.b, mb.rc, mb.tf, mb.tb, mb.nl) == (19.0, 31.0, 10.0, 3.0, 5.25, 4)
+    assert (mb.ar, mb.wait) == (0.25, 0.0)
+
+
+# ------------------------------------------------------------------ optimizer
+
+def _mbt(nl, wait=0.0):
+    blk = C.BlockTime(forward=1.0, backward=2.0, attention_forward=0.5)
+    return S.MicroBatch(f=1.0, b=2.0, rc=0.0, tf=0.0, tb=0.0, nl=nl, blk=blk, ar=0.0, wait=wait)
+
+
+def _record_optimizer(monkeypatch, local=1200):
+    seen = []
+
+    def opt(local_params, n_tensors, hw, offload=False, bw=None, overhead=None, per_tensor=None):
+        seen.append((local_params, n_tensors, per_tensor))
+        return 1.0
+    monkeypatch.setattr(C, "optimizer_time", opt)
+    monkeypatch.setattr(P, "max_local_numel", lambda model, plan: local)
+    return seen
+
+
+def _hw_with_optimizer_overheads():
+    return GPU.replace(overheads_measured={"optimizer_tensor": {8: 1e-3},
+                                           "optimizer_tensor_dtensor": {8: 2e-3}})
+
+
+def test_optimizer_zero_shards_and_counts_tensors(monkeypatch):
+    seen = _record_optimizer(monkeypatch)
+    cluster = ClusterSpec(_hw_with_optimizer_overheads(), 3)
+    plan = ParallelPlan(dp=3, tp=1, pp=1, zero=1, micro_batch=1, global_batch=3, seq_len=8)
+    assert S.optimizer_time(GPT2, plan, cluster, _mbt(3)) == (1.0, 0.0)
+    # ZeRO-1 over dp 3: 1200 / 3 = 400 parameters. Tensors: a GPT-2 block registers 16 --
+    # two norms' weights and biases (4), wq, wk, wv, wo and their biases (8), w1, w2 and
+    # their biases (4) -- three blocks 48, and outside them wte, wpe, ln_f.weight and
+    # ln_f.bias (tied output: no separate matrix): 4; 52 in all. ZeRO's shards are DTensors:
+    # the dtensor per-tensor overhead.
+    assert seen == [(400.0, 52, 2e-3)]
+
+
+def test_optimizer_without_zero_or_tp_plain_tensors(monkeypatch):
+    seen = _record_optimizer(monkeypatch)
+    cluster = ClusterSpec(_hw_with_optimizer_overheads(), 3)
+    plan = ParallelPlan(dp=3, tp=1, pp=1, zero=0, micro_batch=1, global_batch=3, seq_len=8)
+    S.optimizer_time(GPT2, plan, cluster, _mbt(3))
+    assert seen == [(1200, 52, 1e-3)]  # every parameter, plain tensors
+
+
+def test_optimizer_norm_all_reduces_under_sequence_parallelism(monkeypatch):
+    seen = _record_optimizer(monkeypatch)
+    calls = []
+    monkeypatch.setattr(S, "_coll", _bytes_as_seconds(calls))
+    cluster = ClusterSpec(_hw_with_optimizer_overheads(), 2)
+    sp = ParallelPlan(dp=1, tp=2, pp=1, sp=True, micro_batch=1, global_batch=1, seq_len=8)
+    # RMSNorm: two norm weights per block over 3 blocks and the final norm: 7 all-reduces of
+    # hidden 8 fp32 = 32 bytes (32 s with the stand-in), each with the 0.5 s blocking wait
+    assert S.optimizer_time(LLAMA, sp, cluster, _mbt(3, wait=0.5)) == (1.0, 7 * 32.5)
+    # LayerNorm: weight and bias: 2 x (2 x 3 + 1) = 14
+    assert S.optimizer_time(GPT2, sp, cluster, _mbt(3, wait=0.5)) == (1.0, 14 * 32.5)
+    assert calls[0] == ("all_reduce", 32, 2, 1, 2)
+    # tp 2: DTensor parameters
+    assert {s[2] for s in seen} == {2e-3}
+    # without sequence parallelism, or with ZeRO (FSDP reduces them), no such all-reduces
+    plain = ParallelPlan(dp=1, tp=2, pp=1, sp=False, micro_batch=1, global_batch=1, seq_len=8)
+    assert S.optimizer_time(LLAMA, plain, cluster, _mbt(3))[1] == 0.0
+    zero = ParallelPlan(dp=1, tp=2, pp=1, sp=True, zero=1, micro_batch=1, global_batch=1,
+                        seq_len=8)
+    assert S.optimizer_time(LLAMA, zero, cluster, _mbt(3))[1] == 0.0
+
+
+# ------------------------------------------------------------------ CPU sharing
+
+# per-worker matmul rates measured with 1, 2 and 4 workers at once: 100, 80, 30 FLOP/s
+SHARED = load_hardware("cpu").replace(gemm_flops_measured={"fp32": {1: 100.0, 2: 80.0, 4: 30.0}})
+
+
+def test_shared_rate_ratio_processor_sharing_by_hand():
+    cluster = ClusterSpec(SHARED, 4, 4)  # W = 4 workers on the node, each at R_4 = 30
+    # C = max_N N R_N = max(100, 160, 120) = 160; ratio R_4 / min(R_1, C / busy)
+    assert S.shared_rate_ratio(cluster, "fp32", 2) == exact(30 / 80)          # C/2 = 80
+    assert S.shared_rate_ratio(cluster, "fp32", 3) == exact(30 / (160 / 3))   # 0.5625
+    assert S.shared_rate_ratio(cluster, "fp32", 1) == exact(30 / 100)         # R_1 caps it
+    assert S.shared_rate_ratio(cluster, "fp32", 2.5) == exact(30 / 64)        # C/2.5 = 64
+
+
+def test_shared_rate_ratio_is_one_when_all_workers_compute():
+    cluster = ClusterSpec(SHARED, 4, 4)
+    # busy at or above W: nothing is lent (as an int, or as the float W m / (m + 0) a
+    # zero-bubble pipeline gives)
+    for busy in (4, 4.0, 5, 6.5):
+        assert S.shared_rate_ratio(cluster, "fp32", busy) == 1.0
+    # a table of one worker count says nothing about sharing
+    one = SHARED.replace(gemm_flops_measured={"fp32": {4: 30.0}})
+    assert S.shared_rate_ratio(ClusterSpec(one, 4, 4), "fp32", 2) == 1.0
+
+
+def test_cpu_overlap_loss_by_hand():
+    # spare cores (C - W R_W) / R_1 = (160 - 4 x 30) / 100 = 0.4: loss 1 - 0.4 = 0.6
+    assert S.cpu_overlap_loss(ClusterSpec(SHARED, 4, 4), "fp32") == exact(0.6)
+    # 2 workers: (160 - 2 x 80) / 100 = 0: loss 1
+    assert S.cpu_overlap_loss(ClusterSpec(SHARED, 2, 2), "fp32") == 1.0

@@ -177,3 +177,17 @@ def test_passes_by_kernel_add_up_to_the_counts():
     assert passes["broadcast"] == [10 * 4 * 2 * 8] * 2
     assert passes["cast_up"][1] == 10 * 5 * 6 * 4 + 160 * 6
     assert passes["cast_down"][0] == 10 * 5 * 6 * 4 + 160 * 6
+
+
+def test_autocast_casts_only_the_rank_s_experts_under_ep():
+    """A rank of an ep group holds E / ep routed experts: autocast casts those (found by a
+    mutation helper: all E were counted). tiny-moe: h = F = 64, 8 experts, SwiGLU (3
+    matrices each), attention h(2q + 2kv) = 64 (128 + 64) = 12288; 6 bytes per element (the
+    router's 64 x 8 matrix is left out of the count)."""
+    from ptd.specs.model import get_preset
+    m = get_preset("tiny-moe")
+    assert m.n_shared_experts == 0 and m.q_dim == 64 and m.kv_dim == 32
+    attn = 64 * (2 * 64 + 2 * 32)
+    casts = lambda e: 6 * (attn + e * 3 * 64 * 64)  # noqa: E731
+    assert E.weight_cast_bytes(m, 1, "bf16", "autocast", ep=1) == casts(8)
+    assert E.weight_cast_bytes(m, 1, "bf16", "autocast", ep=2) == casts(4)

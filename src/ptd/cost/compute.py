@@ -373,13 +373,15 @@ def scores_bytes_fwd(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
 def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: int, tp: int,
                sp: bool, dtype: str, rate: float, attention: str = "flash",
                bw: float | None = None, overhead: float | None = None,
-               dtensor_overhead: float = 0.0, elementwise: str = "fused") -> BlockTime:
+               dtensor_overhead: float = 0.0, elementwise: str = "fused", ep: int = 1
+               ) -> BlockTime:
     """``rate``, ``bw`` and ``overhead``: one worker's matmul FLOP/s, memory bandwidth and
     per-operator cost with its node's workers running (default: the hardware's own);
     ``dtensor_overhead``: the extra cost of an operator on a DTensor (tp > 1);
     ``elementwise``: ``fused`` prices the fewest passes of memory-bound operators
     (:func:`elementwise_bytes_fwd`, backward twice the forward), ``eager`` and ``autocast``
-    the passes PyTorch runs op by op (:mod:`ptd.cost.eager`)."""
+    the passes PyTorch runs op by op (:mod:`ptd.cost.eager`); ``ep``: expert parallelism
+    (the rank's routed experts whose weights autocast casts)."""
     ab = DTYPE_BYTES[dtype]
     bw = bw or hw.effective_memory_bandwidth
     overhead = hw.op_overhead if overhead is None else overhead
@@ -394,7 +396,7 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
         ew += norm_bytes_fwd(model, tokens, tp, sp, ab) / bw * slow_norm
         ew_b = 2 * ew
     else:
-        ew, ew_b = eager_time(EAGER.block_passes(model, tokens, tp, sp, dtype, elementwise),
+        ew, ew_b = eager_time(EAGER.block_passes(model, tokens, tp, sp, dtype, elementwise, ep),
                               bw, gpu_kernels)
     if attention == "flash":
         # fused: the s x s scores never reach memory; it reads Q, K, V and writes O

@@ -81,8 +81,8 @@ def dtypes(dtype: str, kind: str) -> tuple[int, int]:
     return c, (4 if kind == "autocast" else c)
 
 
-def block_passes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str, kind: str
-                 ) -> dict[str, list[float]]:
+def block_passes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str, kind: str,
+                 ep: int = 1) -> dict[str, list[float]]:
     """Bytes of one block's memory-bound operators per micro-batch of ``tokens`` on one tp
     rank, ``kind`` ``eager``, ``llama-ref`` or ``autocast`` (see the module), by the kind of
     kernel that moves them (:data:`BW_FRACTION`): ``{kernel: [forward, backward]}``."""
@@ -122,7 +122,7 @@ def block_passes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str,
         put("elementwise", routed, 2 * routed)
     if model.dropout > 0:  # two residual dropouts: read, write, a one-byte mask
         put("elementwise", 2 * hs * (2 * c + 1), 2 * hs * (2 * c + 1))
-    w = weight_cast_bytes(model, tp, dtype, kind)
+    w = weight_cast_bytes(model, tp, dtype, kind, ep)
     out.setdefault("cast_down", [0.0, 0.0])[0] += w
     out.setdefault("cast_up", [0.0, 0.0])[1] += w
     return out
@@ -135,9 +135,10 @@ def block_bytes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str, 
     return sum(v[0] for v in passes.values()), sum(v[1] for v in passes.values())
 
 
-def weight_cast_bytes(model: ModelSpec, tp: int, dtype: str, kind: str) -> float:
+def weight_cast_bytes(model: ModelSpec, tp: int, dtype: str, kind: str, ep: int = 1) -> float:
     """Autocast: each block weight read in fp32 and written in the compute dtype once per
-    forward, and its gradient cast back in the backward (per micro-batch, one tp rank)."""
+    forward, and its gradient cast back in the backward (per micro-batch, one tp rank; the
+    rank's ``E / ep`` routed experts under expert parallelism)."""
     c, r = dtypes(dtype, kind)
     if r == c:
         return 0.0
@@ -145,7 +146,7 @@ def weight_cast_bytes(model: ModelSpec, tp: int, dtype: str, kind: str) -> float
     q, kv, f, mlp_in = _widths(model, tp)
     weights = h * (2 * q + 2 * kv) + (mlp_in + 1) * h * f
     if model.is_moe:
-        weights += model.n_experts * (mlp_in + 1) * h * model.ffn_hidden
+        weights += model.n_experts // ep * (mlp_in + 1) * h * model.ffn_hidden
     return (r + c) * weights
 
 

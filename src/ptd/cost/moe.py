@@ -45,11 +45,6 @@ def all_to_all_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
     return tokens * model.top_k * model.hidden * _ACT_BYTES[plan.dtype]
 
 
-EP_COLLECTIVES = 5
-"""Blocking all-to-alls per MoE block and micro-batch in the runtime (runtime/parallel/ep.py):
-the forward's exchange of per-expert counts, then dispatch and combine, forward and back."""
-
-
 def counts_bytes(model: ModelSpec) -> float:
     """The counts exchange: one int64 per routed expert leaves each rank (``ep`` rows of
     ``E / ep``)."""
@@ -57,18 +52,16 @@ def counts_bytes(model: ModelSpec) -> float:
 
 
 def ep_comm_time(model: ModelSpec, plan: ParallelPlan, moe_layers: int,
-                 coll: Callable[[str, float, int], float], imbalance: float = 1.0,
-                 wait: float = 0.0) -> float:
+                 coll: Callable[[str, float, int], float], imbalance: float = 1.0) -> float:
     """Seconds per step of expert-parallel all-to-alls on a rank with ``moe_layers`` MoE
     blocks, per block per micro-batch: ``4`` of the tokens (dispatch, combine; forward,
-    backward) and the forward's counts exchange, each blocking the computation and waiting
-    ``wait`` beyond its own time (a late peer: ``ClusterSpec.blocking_wait``, calibrated).
-    ``coll(kind, bytes, n)`` prices one collective over the ep group (``comm.collective_time``)."""
+    backward) and the forward's counts exchange. ``coll(kind, bytes, n)`` prices one
+    collective over the ep group (``comm.collective_time``)."""
     if plan.ep <= 1 or not model.is_moe:
         return 0.0
     one = coll("all_to_all", all_to_all_bytes(model, plan) * imbalance, plan.ep)
     counts = coll("all_to_all", counts_bytes(model), plan.ep)
-    return moe_layers * plan.n_microbatches * (4.0 * one + counts + EP_COLLECTIVES * wait)
+    return moe_layers * plan.n_microbatches * (4.0 * one + counts)
 
 
 def expert_flops_per_token(model: ModelSpec) -> float:

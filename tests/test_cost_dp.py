@@ -234,3 +234,24 @@ def test_zero3_gathered_tensor_by_tensor_and_waited_for() -> None:
     assert t.exposed == pytest.approx(t.total)
     # the default (FSDP's per-block prefetched gathers) prices 1 latency per block gather
     assert terms(p, m).total == pytest.approx(2 * 2 * 4 * 1.073984e-3 + 4 * rs)
+
+
+def test_ptd_reduces_model_parallel_zero0_gradients_after_the_backward():
+    """ptd's runtime all-reduces zero-0 gradients after the backward when tp, pp, cp or ep > 1
+    (GradAllReduce), so none of it hides; plain data parallelism is DDP, which overlaps; a
+    stack that overlaps with tp (Megatron-Core) hides it there too."""
+    from ptd.cost.estimate import estimate
+    from ptd.cost.stacks import stack_options
+    from ptd.specs import ClusterSpec, load_hardware
+    from ptd.specs.model import get_preset
+    from ptd.specs.plan import ParallelPlan
+    m = get_preset("llama2-7b")
+    c = ClusterSpec(load_hardware("h100-sxm"), 8)
+    tp2 = ParallelPlan(dp=4, tp=2, micro_batch=4, global_batch=16, seq_len=1024, dtype="bf16")
+    ptd = estimate(m, c, tp2, options=stack_options("ptd")).step
+    assert ptd.dp_comm_exposed == ptd.dp_comm_total > 0
+    core = estimate(m, c, tp2, options=stack_options("megatron-core")).step
+    assert core.dp_comm_exposed < core.dp_comm_total
+    dp8 = tp2.replace(dp=8, tp=1, global_batch=32)
+    plain = estimate(m, c, dp8, options=stack_options("ptd")).step
+    assert plain.dp_comm_exposed < plain.dp_comm_total

@@ -56,6 +56,11 @@ class CostOptions:
     ahead behind compute: PyTorch FSDP, ptd's runtime) or ``param-sync`` (one all-gather per
     parameter tensor, each waited for before the next, and again when full recompute re-runs
     the forward: DeepSpeed's ZeRO-3 of 2021, see :mod:`ptd.cost.stacks`)."""
+    dp_overlap_model_parallel: bool = False
+    """Whether zero-0 gradient reduction overlaps the backward when tp, pp, cp or ep > 1 too.
+    ptd's runtime then reduces after the backward (``GradAllReduce``: DDP cannot hold
+    DTensors and does not run a pipeline schedule's backward): False. Megatron-LM's
+    ``--overlap-grad-reduce`` and DeepSpeed overlap there as well: True."""
     elementwise: str = "autocast"
     """Memory-bound operators (:mod:`ptd.cost.eager`): ``fused``, the fewest passes (fused
     kernels: Megatron-LM, Transformer Engine); ``eager``, one pass per PyTorch operator in
@@ -155,12 +160,21 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     mem = memory(model, plan, cluster.hardware.usable_memory, options.convention,
                  options.attention, options.gqa_expanded, fused_norm(options, cluster.hardware),
                  autocast(options))
-    st = step_time(model, plan, cluster, options.attention, options.dp_overlap,
+    st = step_time(model, plan, cluster, options.attention, dp_overlap(options, plan),
                    options.recompute_early_stop, options.tp_grad_per_linear,
                    options.moe_imbalance, options.ps_servers, options.zero3_gather,
                    options.elementwise)
     d = float(tokens) if tokens else 20.0 * model.param_count()
     return Estimate(model, cluster, plan, fl, mem, st, d)
+
+
+def dp_overlap(options: CostOptions, plan: ParallelPlan) -> bool:
+    """``options.dp_overlap`` for this plan: off where the runtime reduces zero-0 gradients
+    after the backward (``dp_overlap_model_parallel`` False and tp, pp, cp or ep > 1)."""
+    model_parallel = plan.tp > 1 or plan.pp > 1 or plan.cp > 1 or plan.ep > 1
+    if plan.zero == 0 and model_parallel and not options.dp_overlap_model_parallel:
+        return False
+    return options.dp_overlap
 
 
 def autocast(options: CostOptions) -> bool:

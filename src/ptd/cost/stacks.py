@@ -38,6 +38,9 @@ class Stack:
     elementwise: str = "fused"
     """Memory-bound operators (:mod:`ptd.cost.eager`): ``fused`` kernels, ``eager`` PyTorch
     operators in the compute dtype, or ``autocast`` (eager, fp32 weights under autocast)."""
+    dp_overlap_model_parallel: bool = True
+    """Zero-0 gradient reduction overlaps the backward with tp, pp, cp or ep > 1 as well
+    (:class:`ptd.cost.estimate.CostOptions`)."""
 
 
 _DEEPSPEED = Stack(
@@ -51,8 +54,10 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           "ptd's runtime: PyTorch SDPA, DDP bucketed all-reduce and FSDP2 reduce-scatter "
           "during backward, torch.utils.checkpoint(use_reentrant=False), DTensor tensor "
           "parallelism (src/ptd/runtime); fp32 weights under torch.autocast, its norms, "
-          "rotary embedding, activation and loss as eager PyTorch operators.",
-          elementwise="autocast"),
+          "rotary embedding, activation and loss as eager PyTorch operators; with tp, "
+          "pp, cp or ep > 1 and no ZeRO the gradients are all-reduced after the backward "
+          "(runtime/parallel/ddp.py GradAllReduce: DDP holds no DTensors).",
+          elementwise="autocast", dp_overlap_model_parallel=False),
     Stack("megatron-2021", "scores", False, False, False, ("1f1b", "interleaved-1f1b"),
           "Narayanan et al. 2021 (arXiv 2104.04473) and Korthikanti et al. 2022 (arXiv "
           "2205.05198): unfused attention with a fused scale-mask-softmax kernel, the "
@@ -97,4 +102,5 @@ def stack_options(name: str, hardware: object = None) -> CostOptions:
     return CostOptions(attention=s.attention, dp_overlap=s.dp_overlap,  # type: ignore[arg-type]
                        recompute_early_stop=s.recompute_early_stop,
                        tp_grad_per_linear=s.tp_grad_per_linear, schedules=s.schedules,
-                       zero3_gather=s.zero3_gather, elementwise=s.elementwise)
+                       zero3_gather=s.zero3_gather, elementwise=s.elementwise,
+                       dp_overlap_model_parallel=s.dp_overlap_model_parallel)

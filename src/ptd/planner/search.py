@@ -35,7 +35,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from ..cost.estimate import CostOptions, Estimate, autocast, fused_norm, zero_stages
+from ..cost.estimate import CostOptions, Estimate, autocast, dp_overlap, fused_norm, zero_stages
 from ..cost.flops import flops_per_token
 from ..cost.memory import memory
 from ..cost.step import step_time
@@ -222,7 +222,7 @@ class _Pricer:
 
     def estimate(self, plan: ParallelPlan, mem) -> Estimate:
         o = self.options
-        st = step_time(self.model, plan, self.cluster, o.attention, o.dp_overlap,
+        st = step_time(self.model, plan, self.cluster, o.attention, dp_overlap(o, plan),
                        o.recompute_early_stop, o.tp_grad_per_linear, o.moe_imbalance,
                        o.ps_servers, o.zero3_gather, o.elementwise)
         return Estimate(self.model, self.cluster, plan, self.flops[plan.recompute], mem, st,

@@ -169,8 +169,9 @@ def test_gpu_eager_kernels_run_at_their_measured_bandwidth():
 
 def test_passes_by_kernel_add_up_to_the_counts():
     passes = E.block_passes(TINY, 10, 1, False, "bf16", "autocast")
-    assert sum(v[0] for v in passes.values()) == E.block_bytes(TINY, 10, 1, False, "bf16",
-                                                               "autocast")[0]
+    assert sum(v[0] for v in passes.values()) == 10 * 520 + 160 * 6  # the forward by hand above
+    with pytest.raises(ValueError, match="eager pass kind 'fused'"):
+        E.block_passes(TINY, 10, 1, False, "bf16", "fused")
     # by hand, per token: rope's broadcast products 4 passes x 2 bytes x (q + kv = 8 wide)
     # both ways; the linear inputs' casts down (5 x 6 x 4) forward and up backward, each
     # plus the weights' casts (160 parameters x 6 bytes) once per micro-batch

@@ -77,6 +77,8 @@ def _widths(model: ModelSpec, tp: int) -> tuple[float, float, float, int]:
 
 def dtypes(dtype: str, kind: str) -> tuple[int, int]:
     """(c, r): bytes of the compute dtype and of the residual stream."""
+    if kind not in KINDS[1:]:  # ("fused" is priced by ptd.cost.compute, not op by op)
+        raise ValueError(f"eager pass kind {kind!r}; known: {', '.join(KINDS[1:])}")
     c = DTYPE_BYTES[dtype]
     return c, (4 if kind == "autocast" else c)
 

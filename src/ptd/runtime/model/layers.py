@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from ..measure.spans import span
+from ..measure.spans import block_span
 from torch.utils.checkpoint import checkpoint
 
 from ...specs import ModelSpec
@@ -104,7 +104,7 @@ class Attention(nn.Module):
                       rope: Rope) -> torch.Tensor:
         if not self.span:
             return self._core(q, k, v, rope)
-        with span("ptd:block"):  # recomputed (selective) inside it too
+        with block_span("ptd:block"):  # recomputed (selective) inside it too
             return self._core(q, k, v, rope)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: Rope) -> torch.Tensor:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from ..measure.spans import span
+from ..measure.spans import block_span
 from torch.utils.checkpoint import checkpoint
 
 from ...specs import ModelSpec
@@ -61,7 +61,7 @@ class Block(nn.Module):
         # too: that is how the measured timeline tells recompute from backward.
         if not self.span:
             return self._forward(x, rope)
-        with span("ptd:block"):
+        with block_span("ptd:block"):
             return self._forward(x, rope)
 
     def _forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:

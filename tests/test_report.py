@@ -366,3 +366,17 @@ def test_real_run_report(tmp_path):
         assert f"train loss, step {rec['step']}: {rec['loss']:.4f}" in html
     assert external_refs(html) == [] and "<svg" in html
     assert ("no prediction" in html) == ("predicted" not in summ)
+
+
+@pytest.mark.parametrize("profiled, note", [(0.0618, None), (0.1525, None), (0.1606, "1.20x")])
+def test_a_profiled_step_much_longer_than_the_clean_ones_is_flagged(profiled, note):
+    # clean steps 0.1338 s: 0.1525 s is 1.14x (no note, under 1.15x), 0.1606 s is 1.20x
+    from ptd.summary.compare import comparison_table
+    s = summary()
+    s["measured"]["profiled_step_time_s"] = profiled
+    flagged = [ln for ln in comparison_table(s).splitlines() if "the profiled step took" in ln]
+    if note is None:
+        assert flagged == []
+    else:
+        assert flagged == [f"ptd: the profiled step took {note} the clean steps: its parts above "
+                           "carry the profiler's own cost; the step time is the clean steps'"]

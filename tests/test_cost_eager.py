@@ -90,7 +90,8 @@ def test_block_time_prices_the_eager_bytes_at_the_bandwidth():
     kw = dict(bw=1e6, overhead=0.0)
     fused = block_time(TINY, hw, 8, 1, 1, False, "bf16", 1e30, **kw)
     ac = block_time(TINY, hw, 8, 1, 1, False, "bf16", 1e30, elementwise="autocast", **kw)
-    f, b = E.block_bytes(TINY, 8, 1, False, "bf16", "autocast")
+    # a CPU has no fused rms_norm kernel: the norms run as operators
+    f, b = E.block_bytes(TINY, 8, 1, False, "bf16", "autocast", composite_norm=True)
     # attention's reads (q, k, v, o) are the same in both; the rest is the eager count
     assert ac.forward - fused.forward == pytest.approx((f - fused_bytes(8)) / 1e6)
     assert ac.backward - fused.backward == pytest.approx((b - 2 * fused_bytes(8)) / 1e6)
@@ -99,9 +100,54 @@ def test_block_time_prices_the_eager_bytes_at_the_bandwidth():
     # the fused count: half of five fp32 passes over the logits each way, the norm's bf16
     # read and write (twice in the backward)
     loss, norm = 0.5 * 5 * 4 * 8 * 128, 2 * 2 * 8 * 4
-    ef, eb = E.output_bytes(TINY, 8, 1, "bf16", "autocast")
+    ef, eb = E.output_bytes(TINY, 8, 1, "bf16", "autocast", composite_norm=True)
     assert of - ff == pytest.approx((ef - loss - norm) / 1e6)
     assert ob - fb == pytest.approx((eb - loss - 2 * norm) / 1e6)
+
+
+def test_rms_norm_run_as_operators_by_hand():
+    # F.rms_norm without a fused kernel, per element of the fp32 stream (r = 4 under
+    # autocast): forward pow 2, mean 1, two products 2 + 2 = 7 passes against the fused
+    # kernel's 2; backward 3 + 2 + 1 (weight product), 3 + 2 + 1 (rsqrt product), 1 (mean),
+    # 2 + 2 + 3 (pow), 3 (the paths' sum) = 23 against 5
+    for kind in ("autocast", "eager"):
+        r = 4 if kind == "autocast" else 2
+        f0, b0 = E.block_bytes(TINY, 10, 1, False, "bf16", kind)
+        f1, b1 = E.block_bytes(TINY, 10, 1, False, "bf16", kind, composite_norm=True)
+        assert f1 - f0 == 10 * 2 * (7 - 2) * r * 4   # two norms, hidden 4, 10 tokens
+        assert b1 - b0 == 10 * 2 * (23 - 5) * r * 4
+        of0, ob0 = E.output_bytes(TINY, 10, 1, "bf16", kind)
+        of1, ob1 = E.output_bytes(TINY, 10, 1, "bf16", kind, composite_norm=True)
+        assert (of1 - of0, ob1 - ob0) == (10 * 5 * r * 4, 10 * 18 * r * 4)  # the final norm
+    # LayerNorm has its own kernel on a CPU; the Llama reference counts its norm already
+    ln = ModelSpec(name="ln", n_layers=1, hidden=4, n_heads=2, n_kv_heads=2, ffn_hidden=8,
+                   vocab_size=128, max_seq_len=16, norm="layernorm", mlp="gelu",
+                   position="learned")
+    assert E.block_bytes(ln, 10, 1, False, "bf16", "eager", composite_norm=True) == \
+        E.block_bytes(ln, 10, 1, False, "bf16", "eager")
+    assert E.block_bytes(TINY, 10, 1, False, "bf16", "llama-ref", composite_norm=True) == \
+        E.block_bytes(TINY, 10, 1, False, "bf16", "llama-ref")
+
+
+def test_only_a_device_without_fused_norms_prices_them_as_operators(monkeypatch):
+    asked = []
+    real_block, real_output = E.block_passes, E.output_passes
+
+    def block(*a, composite_norm=False, **k):
+        asked.append(("block", composite_norm))
+        return real_block(*a, composite_norm=composite_norm, **k)
+
+    def output(*a, composite_norm=False, **k):
+        asked.append(("output", composite_norm))
+        return real_output(*a, composite_norm=composite_norm, **k)
+    monkeypatch.setattr(E, "block_passes", block)
+    monkeypatch.setattr(E, "output_passes", output)
+    for name, composite in (("cpu", True), ("h200", False)):
+        asked.clear()
+        hw = load_hardware(name)
+        block_time(TINY, hw, 8, 1, 1, False, "bf16", 1e12, elementwise="autocast")
+        output_time(TINY, hw, 8, 1, "bf16", 1e12, elementwise="autocast")
+        assert asked == [("block", composite), ("output", composite)], name
 
 
 def fused_bytes(tokens):

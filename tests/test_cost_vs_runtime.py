@@ -169,3 +169,38 @@ def test_block_activations_equal_the_saved_tensors_under_autocast(autocast):
                      + 4 * 2 * 704      # SwiGLU: w1 and w3 outputs, SiLU, the product
                      + 4 * 8)           # the attention's fp32 log-sum-exp, 8 heads
         assert got == 192 * per_token
+
+
+def test_rms_norm_operators_move_the_bytes_the_count_prices():
+    """``F.rms_norm`` on this CPU runs as operators; the bytes they dispatch (inputs and
+    outputs of every operator that is not a view, expanded inputs at their storage's size),
+    per element of the stream, are ``ptd.cost.eager.COMPOSITE_RMSNORM`` passes up to the
+    per-row and per-channel tensors (1/h and 1/T of a pass each)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    from ptd.cost.eager import COMPOSITE_RMSNORM
+
+    class Bytes(TorchDispatchMode):
+        total = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if not any(r.alias_info is not None for r in func._schema.returns):
+                for t in tree_flatten((args, kwargs, out))[0]:
+                    if isinstance(t, torch.Tensor):
+                        stored = t.untyped_storage().nbytes() // t.element_size()
+                        self.total += min(t.numel(), stored) * t.element_size()
+            return out
+
+    T, h = 4096, 256
+    x = torch.randn(T, h, requires_grad=True)
+    w = torch.ones(h, requires_grad=True)
+    with Bytes() as fwd:
+        y = torch.nn.functional.rms_norm(x, (h,), w, 1e-5)
+    g = torch.randn_like(y)
+    with Bytes() as bwd:
+        y.backward(g)
+    passes = (fwd.total / (4 * T * h), bwd.total / (4 * T * h))
+    assert passes == pytest.approx(COMPOSITE_RMSNORM, abs=0.05)

@@ -396,7 +396,9 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
         ew += norm_bytes_fwd(model, tokens, tp, sp, ab) / bw * slow_norm
         ew_b = 2 * ew
     else:
-        ew, ew_b = eager_time(EAGER.block_passes(model, tokens, tp, sp, dtype, elementwise, ep),
+        # without a GPU's fused kernel, F.rms_norm runs as operators (torch 2.13's CPU)
+        ew, ew_b = eager_time(EAGER.block_passes(model, tokens, tp, sp, dtype, elementwise, ep,
+                                                 composite_norm=not gpu_kernels),
                               bw, gpu_kernels)
     if attention == "flash":
         # fused: the s x s scores never reach memory; it reads Q, K, V and writes O
@@ -440,7 +442,8 @@ def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype:
     t_out = gemm_time(g, rate, bw, ab, hw, dtype)
     t_f, t_b = (0.5 * loss_bytes + norm_bytes) / bw, (0.5 * loss_bytes + 2 * norm_bytes) / bw
     if elementwise != "fused":  # op by op (see ptd.cost.eager)
-        t_f, t_b = eager_time(EAGER.output_passes(model, tokens, tp, dtype, elementwise), bw,
+        t_f, t_b = eager_time(EAGER.output_passes(model, tokens, tp, dtype, elementwise,
+                                                  composite_norm=not hw.sm_count), bw,
                               bool(hw.sm_count))
     fwd = dispatch_floor(t_out + t_f + of * overhead, of, hw)
     bwd = dispatch_floor(2 * t_out + t_b + ob * overhead, ob, hw)

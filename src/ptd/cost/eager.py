@@ -26,7 +26,9 @@ autocast, else ``c``); a pass over ``n`` elements that reads ``a`` and writes ``
 of them moves ``(a + b) n`` elements. Why each count (forward / backward), for one block:
 
 * norms, two per block: read and write the stream (2r); backward reads the gradient and the
-  input for the input gradient and again for the weight gradient, writes one (5r);
+  input for the input gradient and again for the weight gradient, writes one (5r). Where
+  ``F.rms_norm`` has no fused kernel (a CPU, torch 2.13) it runs as operators, and autograd
+  runs theirs: :data:`COMPOSITE_RMSNORM` (``composite_norm``);
 * residual adds, two: read the stream and the branch output, write the stream (2r + c); the
   backward hands the stream's gradient to the branch (a cast, r + c, under autocast) and sums
   the skip's gradient with the norm's (3r);
@@ -62,6 +64,15 @@ fp32->bf16 cast 4.10 (taken as 1), bf16->fp32 cast 2.03, fp32 + bf16 add 2.73 (`
 sums with an fp32 operand), SiLU 3.56 (``elementwise``: same-shape operators), the rotary
 embedding's product with its tables 1.44 (``broadcast``) and its concatenation 0.96, fp32
 log-softmax over 8192 x 128256 2.11 TB/s. Unmeasured kinds (layout copies, fills) at 1."""
+COMPOSITE_RMSNORM = (7, 23)
+"""Passes over the stream (``r`` bytes each) of ``F.rms_norm`` run as operators, (forward,
+backward), per element. Forward: ``pow`` (read, write: 2), ``mean`` (read: 1), the products
+with ``rsqrt`` and with the weight (2 + 2; the per-row ``add``/``rsqrt`` are negligible).
+Backward, as autograd runs them: the weight's product's two gradients, ``g * xn`` (3) and
+``g * w`` (2), and the weight gradient's reduction (1); the ``rsqrt`` product's, ``gn * x``
+(3) and ``gn * rs`` (2), and its reduction (1); ``mean``'s expand and division (1); ``pow``'s
+three (``x ** 1``, the factor 2, the product with the gradient: 2 + 2 + 3); the two paths'
+sum (3). Checked against the operators torch dispatches (tests/test_cost_vs_runtime.py)."""
 REF_NORM = (36, 68)
 """Bytes per element of the Llama reference RMSNorm in bf16, (forward, backward): forward
 cast 2+4, pow 4+4, mean 4, product 4+4, cast back 4+2, weight 2+2; backward the weight's
@@ -83,11 +94,19 @@ def dtypes(dtype: str, kind: str) -> tuple[int, int]:
     return c, (4 if kind == "autocast" else c)
 
 
+def _norm(model: ModelSpec, kind: str, composite_norm: bool) -> tuple[str, float, float]:
+    """(kernel, forward passes, backward passes) of one norm over the stream."""
+    if composite_norm and model.norm == "rmsnorm" and kind != "llama-ref":
+        return "elementwise", *COMPOSITE_RMSNORM
+    return "norm", 2.0, 5.0
+
+
 def block_passes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str, kind: str,
-                 ep: int = 1) -> dict[str, list[float]]:
+                 ep: int = 1, composite_norm: bool = False) -> dict[str, list[float]]:
     """Bytes of one block's memory-bound operators per micro-batch of ``tokens`` on one tp
     rank, ``kind`` ``eager``, ``llama-ref`` or ``autocast`` (see the module), by the kind of
-    kernel that moves them (:data:`BW_FRACTION`): ``{kernel: [forward, backward]}``."""
+    kernel that moves them (:data:`BW_FRACTION`): ``{kernel: [forward, backward]}``.
+    ``composite_norm``: ``F.rms_norm`` runs as operators (no fused kernel on the device)."""
     c, r = dtypes(dtype, kind)
     h = model.hidden
     hs = h / tp if sp else h  # the stream's width on a rank (sharded by sequence parallelism)
@@ -102,7 +121,8 @@ def block_passes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str,
         a[0] += fwd * tokens
         a[1] += bwd * tokens
 
-    put("norm", 2 * 2 * r * hs, 2 * 5 * r * hs)
+    norm, nf, nb = _norm(model, kind, composite_norm)
+    put(norm, 2 * nf * r * hs, 2 * nb * r * hs)
     put(add, 2 * (2 * r + c) * hs, 2 * 3 * r * hs)  # residual adds; skip + norm gradients
     put("cast_down", n_in * cast * h, 2 * cast * hs)  # linear inputs; the branches' gradient
     put("cast_up", 0.0, n_in * cast * h)  # the linear inputs' gradients back to fp32
@@ -130,10 +150,10 @@ def block_passes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str,
     return out
 
 
-def block_bytes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str, kind: str
-                ) -> tuple[float, float]:
+def block_bytes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str, kind: str,
+                composite_norm: bool = False) -> tuple[float, float]:
     """(forward, backward) bytes of :func:`block_passes`, all kernels together."""
-    passes = block_passes(model, tokens, tp, sp, dtype, kind)
+    passes = block_passes(model, tokens, tp, sp, dtype, kind, composite_norm=composite_norm)
     return sum(v[0] for v in passes.values()), sum(v[1] for v in passes.values())
 
 
@@ -152,8 +172,8 @@ def weight_cast_bytes(model: ModelSpec, tp: int, dtype: str, kind: str, ep: int 
     return (r + c) * weights
 
 
-def output_passes(model: ModelSpec, tokens: float, tp: int, dtype: str, kind: str
-                  ) -> dict[str, list[float]]:
+def output_passes(model: ModelSpec, tokens: float, tp: int, dtype: str, kind: str,
+                  composite_norm: bool = False) -> dict[str, list[float]]:
     """Bytes of the final norm, the loss and (autocast) the output weight's casts, by kernel
     (``{kernel: [forward, backward]}``). The loss runs in fp32 over the local vocabulary
     ``V``: the logits cast to fp32 (c + 4), log-softmax (read, write: 8); backward, the loss
@@ -164,15 +184,19 @@ def output_passes(model: ModelSpec, tokens: float, tp: int, dtype: str, kind: st
     to32 = c + 4 if c != 4 else 0
     cast = r + c if r != c else 0
     t = tokens
-    return {"norm": [2 * r * h * t, 5 * r * h * t],
-            "cast_down": [cast * h * t + cast * v * h, to32 * v * t],
-            "cast_up": [to32 * v * t, cast * h * t + cast * v * h],
-            "softmax": [8 * v * t, 12 * v * t],
-            "copy": [0.0, 4 * v * t]}
+    norm, nf, nb = _norm(model, kind, composite_norm)
+    out = {"cast_down": [cast * h * t + cast * v * h, to32 * v * t],
+           "cast_up": [to32 * v * t, cast * h * t + cast * v * h],
+           "softmax": [8 * v * t, 12 * v * t],
+           "copy": [0.0, 4 * v * t]}
+    out.setdefault(norm, [0.0, 0.0])
+    out[norm][0] += nf * r * h * t
+    out[norm][1] += nb * r * h * t
+    return out
 
 
-def output_bytes(model: ModelSpec, tokens: float, tp: int, dtype: str, kind: str
-                 ) -> tuple[float, float]:
+def output_bytes(model: ModelSpec, tokens: float, tp: int, dtype: str, kind: str,
+                 composite_norm: bool = False) -> tuple[float, float]:
     """(forward, backward) bytes of :func:`output_passes`, all kernels together."""
-    passes = output_passes(model, tokens, tp, dtype, kind)
+    passes = output_passes(model, tokens, tp, dtype, kind, composite_norm)
     return sum(v[0] for v in passes.values()), sum(v[1] for v in passes.values())

@@ -87,7 +87,8 @@ def _synthetic(workers=(1, 2)):
                 compute[str(n)] = {
                     "gemm": {"fp32": {str(s): 3 * (3e-6 + 2 * s**3 / rate) for s in (64, 128, 256)}},
                     "attention": {"fp32": {"2x2x64x16": attention_flops("2x2x64x16") / (rate / 2)}},
-                    "memory": {"copy": 2 * 2**20 / (10e9 / n), "add": 3 * 2**20 / (10e9 / n)},
+                    "memory": {"copy": 2 * 2**20 / (10e9 / n), "add": 3 * 2**20 / (10e9 / n),
+                               "activation": 5 * 2**20 / (2e9 / n)},
                     "overhead": {"add": 2e-6 * n, "view": 1e-6 * n, "add_autograd": 3e-6 * n}}
         coll = {"all_reduce:2": {str(m): 1e-4 + 1.0 * m / 1e9 for m in (1024, 2**20, 2**24)}}
         results.append({"compute": compute, "collectives": coll,
@@ -116,6 +117,15 @@ def test_profile_from_timings_loads_and_carries_the_fits():
     assert hw.attention_efficiency == pytest.approx(0.5)
     assert hw.peak("fp32") >= 60e9 * (1 - 1e-6)
     assert hw.gemm_shapes_measured == {}  # no sweep in these timings
+    # SiLU forward + backward moved 5 x 2^20 bytes at 2e9 B/s alone, against the 10e9 the
+    # memory passes are priced at: a fifth
+    assert hw.eager_bandwidth_fraction == {"activation": pytest.approx(0.2, rel=1e-9)}
+    for r in results:  # timings of a ptd before the activation was measured: no fraction
+        for c in r["compute"].values():
+            del c["memory"]["activation"]
+    old = profile_table(summarize(plan, results), get_hardware_preset("cpu"), "synth", "cpu",
+                        8 * 2**30, "test")
+    assert "eager_bandwidth_fraction" not in old
 
 
 def test_shape_sweep_is_stored_relative_to_the_fitted_rate():
@@ -234,6 +244,9 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
     # on 2026-11-23 read 1.32 (the 1-worker phase disturbed); five runs here 0.72-0.97.
     assert hw.gemm_flops_measured["fp32"][2] <= 1.75 * hw.peak("fp32")
     assert 0 < hw.attention_efficiency <= 1
+    # SiLU and its gradient measured beside the copy (in (0, 2], as the profile must be)
+    assert set(hw.eager_bandwidth_fraction) == {"activation"}
+    assert 0 < hw.eager_bandwidth_fraction["activation"] <= 2
     # the wait of a blocking collective after compute chunks (0, 4 and 16 matmuls), with 2
     # workers at once: the chunks were timed, longer with more matmuls
     assert set(hw.blocking_wait_measured) == {2}

@@ -238,3 +238,52 @@ def test_autocast_casts_only_the_rank_s_experts_under_ep():
     casts = lambda e: 6 * (attn + e * 3 * 64 * 64)  # noqa: E731
     assert E.weight_cast_bytes(m, 1, "bf16", "autocast", ep=1) == casts(8)
     assert E.weight_cast_bytes(m, 1, "bf16", "autocast", ep=2) == casts(4)
+
+
+def test_the_activation_is_a_kind_of_its_own():
+    # SwiGLU over F = 8 in bf16 (c = 2), 10 tokens: SiLU reads and writes F (2c), its gradient
+    # reads two and writes one (3c); the gate product 3c and its two gradients 6c
+    p = E.block_passes(TINY, 10, 1, False, "bf16", "eager")
+    assert p["activation"] == [10 * 2 * 2 * 8, 10 * 3 * 2 * 8]
+    gelu = ModelSpec(name="g", n_layers=1, hidden=4, n_heads=2, n_kv_heads=2, ffn_hidden=8,
+                     vocab_size=128, max_seq_len=16, norm="layernorm", mlp="gelu",
+                     position="learned")
+    g = E.block_passes(gelu, 10, 1, False, "bf16", "eager")
+    assert g["activation"] == [10 * 2 * 2 * 8, 10 * 3 * 2 * 8]  # GELU: all of it
+    # on a GPU it is priced as the other same-shape operators (SiLU was the one measured)
+    assert E.BW_FRACTION["activation"] == E.BW_FRACTION["elementwise"]
+
+
+def test_a_measured_share_of_the_bandwidth_prices_its_kind():
+    from ptd.cost.compute import NORM_BW_FRACTION, eager_time
+    passes = {"activation": [10.0, 30.0], "copy": [4.0, 0.0], "norm": [2.0, 5.0]}
+    # a CPU: every kind at the bandwidth (100 B/s) except the one measured, at a fifth of it
+    assert eager_time(passes, 100.0, False, {"activation": 0.2}) == \
+        pytest.approx((10 / 20 + 4 / 100 + 2 / 100, 30 / 20 + 5 / 100))
+    assert eager_time(passes, 100.0, False) == pytest.approx((16 / 100, 35 / 100))
+    # a GPU: the measured kind overrides the table, the others keep it
+    a = E.BW_FRACTION["activation"]
+    assert eager_time(passes, 100.0, True, {"activation": 0.2}) == pytest.approx(
+        (10 / 20 + 4 / 100 + 2 / (100 * NORM_BW_FRACTION), 30 / 20 + 5 / (100 * NORM_BW_FRACTION)))
+    assert eager_time(passes, 100.0, True)[0] == pytest.approx(
+        10 / (100 * a) + 4 / 100 + 2 / (100 * NORM_BW_FRACTION))
+
+
+@pytest.mark.parametrize("table, match", [
+    ({"activation": 0.0}, r"eager_bandwidth_fraction.activation must be in \(0, 2\]"),
+    ({"activation": 2.5}, r"must be in \(0, 2\], got 2.5"),
+    ({"silu": 0.2}, "unknown kind 'silu'"),
+    ({"activation": "fast"}, "wants kind = number"),
+])
+def test_bad_eager_bandwidth_fractions_are_refused(table, match):
+    from ptd.errors import PtdError
+    from ptd.specs.hardware import hardware_from_dict
+    with pytest.raises(PtdError, match=match):
+        hardware_from_dict({"preset": "cpu", "eager_bandwidth_fraction": table}, "bad")
+
+
+def test_the_kinds_a_profile_may_name_are_the_kinds_priced():
+    from ptd.specs.hardware import EAGER_KERNELS, hardware_from_dict
+    assert set(EAGER_KERNELS) == set(E.BW_FRACTION) | {"norm"}
+    hw = hardware_from_dict({"preset": "cpu", "eager_bandwidth_fraction": {"activation": 0.25}})
+    assert hw.eager_bandwidth_fraction == {"activation": 0.25}

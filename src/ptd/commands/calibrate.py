@@ -203,12 +203,13 @@ def render(result: dict, path: Path) -> str:
                   "rate each product of the cost model takes, relative to R",
                   table(rows, header=("shape", "rate", "/ R"), align="lrr")]
     rows = [(n, si(m["copy"], "B/s"), si(m["add"], "B/s"), si(m["value"], "B/s"),
+             si(m["activation"], "B/s") if "activation" in m else "-",
              *([duration(s["overhead"][n][k]) for k in ("add", "view", "add_autograd", "value")]
                if n in s["overhead"] else ["-"] * 4))
             for n, m in s["memory"].items()]
     lines += ["", "memory bandwidth and operator overhead per worker, N at once",
-              table(rows, header=("N", "copy", "add", "kept", "op add", "op view",
-                                  "op add+grad", "kept"))]
+              table(rows, header=("N", "copy", "add", "kept", "SiLU fwd+bwd", "op add",
+                                  "op view", "op add+grad", "kept"))]
     rows = [(dt, n, shape, si(a["flops_per_s"], "FLOP/s"), f"{a['ratio']:.2f}")
             for dt, per_n in s["attention"].items() for n, att in per_n.items()
             for shape, a in att.items()]

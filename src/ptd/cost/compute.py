@@ -168,14 +168,19 @@ def shape_efficiency(m: float, n: float, k: float, sms: int, count: float = 1) -
 NORM_BW_FRACTION = 2.02 / 2.98
 
 
-def eager_time(passes: dict[str, list[float]], bw: float, gpu: bool) -> tuple[float, float]:
-    """(forward, backward) seconds of eager memory-bound passes (:mod:`ptd.cost.eager`): on a
-    GPU each kind of kernel at its measured share of the copy bandwidth ``bw``
-    (``EAGER.BW_FRACTION``; norms at :data:`NORM_BW_FRACTION`), elsewhere all at ``bw``."""
+def eager_time(passes: dict[str, list[float]], bw: float, gpu: bool,
+               measured: dict[str, float] | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of eager memory-bound passes (:mod:`ptd.cost.eager`), each
+    kind of kernel at its share of the copy bandwidth ``bw``: the share ``measured`` on the
+    machine where it has one (``HardwareSpec.eager_bandwidth_fraction``, from ``ptd
+    calibrate``); else on a GPU the H200's (``EAGER.BW_FRACTION``; norms at
+    :data:`NORM_BW_FRACTION`), elsewhere 1."""
     fwd = bwd = 0.0
     for kind, (f, b) in passes.items():
         frac = 1.0
-        if gpu:
+        if measured and kind in measured:
+            frac = measured[kind]
+        elif gpu:
             frac = NORM_BW_FRACTION if kind == "norm" else EAGER.BW_FRACTION[kind]
         fwd += f / (bw * frac)
         bwd += b / (bw * frac)
@@ -399,7 +404,7 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
         # without a GPU's fused kernel, F.rms_norm runs as operators (torch 2.13's CPU)
         ew, ew_b = eager_time(EAGER.block_passes(model, tokens, tp, sp, dtype, elementwise, ep,
                                                  composite_norm=not gpu_kernels),
-                              bw, gpu_kernels)
+                              bw, gpu_kernels, hw.eager_bandwidth_fraction)
     if attention == "flash":
         # fused: the s x s scores never reach memory; it reads Q, K, V and writes O
         flops = 0.5 * sum(g.flops for g in attn)  # causal tiles skipped
@@ -444,7 +449,7 @@ def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype:
     if elementwise != "fused":  # op by op (see ptd.cost.eager)
         t_f, t_b = eager_time(EAGER.output_passes(model, tokens, tp, dtype, elementwise,
                                                   composite_norm=not hw.sm_count), bw,
-                              bool(hw.sm_count))
+                              bool(hw.sm_count), hw.eager_bandwidth_fraction)
     fwd = dispatch_floor(t_out + t_f + of * overhead, of, hw)
     bwd = dispatch_floor(2 * t_out + t_b + ob * overhead, ob, hw)
     if tp > 1 and dtensor_overhead:

@@ -54,7 +54,8 @@ from ..specs.model import ModelSpec
 
 KINDS = ("fused", "eager", "llama-ref", "autocast")
 BW_FRACTION = {
-    "copy": 1.0, "cast_down": 1.0, "elementwise": 3.56 / 3.86, "cast_up": 2.03 / 3.86,
+    "copy": 1.0, "cast_down": 1.0, "elementwise": 3.56 / 3.86, "activation": 3.56 / 3.86,
+    "cast_up": 2.03 / 3.86,
     "add": 2.73 / 3.86, "broadcast": 1.44 / 3.86, "cat": 0.96 / 3.86, "softmax": 2.11 / 3.86}
 """On a GPU, the share of a copy's bandwidth each kind of eager kernel reaches (the norms
 are :data:`ptd.cost.compute.NORM_BW_FRACTION`'s). Measured alone on an H200 (torch 2.11,
@@ -63,7 +64,11 @@ kernels.json``), 8192 x 4096 elements, against a bf16 copy of the same size (3.8
 fp32->bf16 cast 4.10 (taken as 1), bf16->fp32 cast 2.03, fp32 + bf16 add 2.73 (``add``:
 sums with an fp32 operand), SiLU 3.56 (``elementwise``: same-shape operators), the rotary
 embedding's product with its tables 1.44 (``broadcast``) and its concatenation 0.96, fp32
-log-softmax over 8192 x 128256 2.11 TB/s. Unmeasured kinds (layout copies, fills) at 1."""
+log-softmax over 8192 x 128256 2.11 TB/s. Unmeasured kinds (layout copies, fills) at 1.
+``activation`` (SiLU, GELU and their gradients) is kept apart from ``elementwise`` because on
+a CPU its exponential, not memory, bounds it: ``ptd calibrate`` measures its share of the
+copy bandwidth on the machine (``HardwareSpec.eager_bandwidth_fraction``), which overrides
+this table."""
 COMPOSITE_RMSNORM = (7, 23)
 """Passes over the stream (``r`` bytes each) of ``F.rms_norm`` run as operators, (forward,
 backward), per element. Forward: ``pow`` (read, write: 2), ``mean`` (read: 1), the products
@@ -138,7 +143,8 @@ def block_passes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str,
         put("cat", 2 * c * (q + kv), 2 * c * (q + kv))
         put("broadcast", 4 * c * (q + kv), 4 * c * (q + kv))
     act_f, act_b = (5, 9) if model.mlp == "swiglu" else (2, 3)
-    put("elementwise", act_f * c * f, act_b * c * f)
+    put("activation", 2 * c * f, 3 * c * f)  # SiLU or GELU itself, and its gradient
+    put("elementwise", (act_f - 2) * c * f, (act_b - 3) * c * f)  # SwiGLU's gate product
     if model.is_moe:  # routed experts: gather, weighting and index_add per assignment
         routed = model.top_k * ((act_f * model.ffn_hidden) + 6 * h) * c
         put("elementwise", routed, 2 * routed)

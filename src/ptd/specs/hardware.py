@@ -35,6 +35,12 @@ T, G = 1e12, 1e9
 GiB = 2**30
 
 
+EAGER_KERNELS = ("activation", "add", "broadcast", "cast_down", "cast_up", "cat", "copy",
+                 "elementwise", "norm", "softmax")
+"""The kinds of eager memory-bound kernel ``ptd.cost.eager`` prices (its ``BW_FRACTION`` keys
+and ``norm``), which ``HardwareSpec.eager_bandwidth_fraction`` may name."""
+
+
 @dataclass(frozen=True)
 class LinkSpec:
     """One kind of link between devices."""
@@ -136,6 +142,12 @@ class HardwareSpec:
     Overrides memory_bandwidth*memory_efficiency."""
     op_overhead_measured: dict[int, float] = field(default_factory=dict)
     """From ``ptd calibrate``: seconds per operator dispatch by workers at once."""
+    eager_bandwidth_fraction: dict[str, float] = field(default_factory=dict)
+    """From ``ptd calibrate``: the share of the copy bandwidth a kind of eager kernel reaches
+    on this machine, by kind of :mod:`ptd.cost.eager` (``activation``: SiLU/GELU forward and
+    backward, which a CPU's exponential, not its memory, bounds: ~0.2 measured on a 2-core
+    EPYC). Overrides the GPU table ``ptd.cost.eager.BW_FRACTION`` (and 1, elsewhere) for the
+    kinds it names."""
     collectives: tuple[CollectiveFit, ...] = ()
     """From ``ptd calibrate``: measured alpha-beta per collective and group size."""
     overheads_measured: dict[str, dict[int, float]] = field(default_factory=dict)
@@ -525,6 +537,13 @@ def hardware_from_dict(d: dict[str, Any], name: str = "custom") -> HardwareSpec:
                if not 0 < r < math.inf]
         if bad:
             raise PtdError(f"{name}: attention_shapes_measured[{bad[0]!r}] must be a positive number")
+    if "eager_bandwidth_fraction" in d:
+        try:
+            d["eager_bandwidth_fraction"] = {str(k): _number(v)
+                                             for k, v in d["eager_bandwidth_fraction"].items()}
+        except (TypeError, ValueError, AttributeError):
+            raise PtdError(f"{name}: eager_bandwidth_fraction wants kind = number "
+                           "(e.g. activation = 0.2)") from None
     if "blocking_wait_measured" in d:
         try:
             d["blocking_wait_measured"] = {

@@ -169,6 +169,13 @@ def check_hardware(hw: Any) -> None:
             positive(w, f"gemm_shapes_measured.{dt}[{key}]", v)
     for n, v in hw.op_overhead_measured.items():
         _nonneg(w, f"op_overhead_measured[{n}]", v)
+    from .hardware import EAGER_KERNELS
+    for kind, v in hw.eager_bandwidth_fraction.items():
+        if kind not in EAGER_KERNELS:
+            raise PtdError(f"{w}eager_bandwidth_fraction: unknown kind {kind!r}; known: "
+                           + ", ".join(EAGER_KERNELS))
+        if not 0 < v <= 2:  # a kernel can beat a copy a little (fewer bytes written), not 2x
+            raise PtdError(f"{w}eager_bandwidth_fraction.{kind} must be in (0, 2], got {v!r}")
     for tables in (hw.gemm_flops_measured.values(), hw.overheads_measured.values(),
                    (hw.memory_bandwidth_measured, hw.op_overhead_measured)):
         for per in tables:

@@ -99,11 +99,17 @@ def _three_layouts(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
 
 
 def _memory(nel: int, device: torch.device, sync: Sync, T: float, rep: int) -> dict:
-    """Seconds per large copy (reads and writes ``4 nel`` bytes each) and add (2 reads, 1
-    write), fp32, far larger than the caches."""
+    """Seconds per large copy (reads and writes ``4 nel`` bytes each), add (2 reads, 1
+    write) and activation -- SiLU forward (1 read, 1 write) then its gradient (2 reads, 1
+    write) --, fp32, far larger than the caches."""
     x, y, z = (torch.ones(nel, device=device) for _ in range(3))
+
+    def activation() -> None:
+        torch.ops.aten.silu.out(x, out=z)
+        torch.ops.aten.silu_backward.grad_input(y, x, grad_input=z)
     return {"copy": sync.time(lambda: z.copy_(x), T, rep),
-            "add": sync.time(lambda: torch.add(x, y, out=z), T, rep)}
+            "add": sync.time(lambda: torch.add(x, y, out=z), T, rep),
+            "activation": sync.time(activation, T, rep)}
 
 
 def framework_overheads(sync: Sync, T: float, rep: int, n_tensors: int = 16) -> dict:

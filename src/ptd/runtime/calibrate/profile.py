@@ -82,6 +82,8 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
         bw = {"copy": mean([2 * nbytes / p["memory"]["copy"] for p in per]),
               "add": mean([3 * nbytes / p["memory"]["add"] for p in per])}
         memory[n] = dict(bw, value=mean(list(bw.values())))
+        if "activation" in per[0]["memory"]:  # (results of an older ptd have none)
+            memory[n]["activation"] = mean([5 * nbytes / p["memory"]["activation"] for p in per])
         if "overhead" in per[0]:
             ov = {k: mean([p["overhead"][k] for p in per]) for k in per[0]["overhead"]}
             overhead[n] = dict(ov, value=mean(list(ov.values())))
@@ -165,6 +167,11 @@ def profile_table(summary: dict, base: HardwareSpec, name: str, device: str,
         hw["gemm_shapes_measured"] = summary["gemm_shapes"]
     mem = summary["memory"]
     hw["memory_bandwidth_measured"] = {str(n): v["value"] for n, v in mem.items()}
+    one = mem[min(mem)]
+    if "activation" in one:
+        # SiLU's share of the bandwidth the cost model prices memory-bound passes at (one
+        # worker alone; a CPU's exponential bounds it, not its memory)
+        hw["eager_bandwidth_fraction"] = {"activation": min(2.0, one["activation"] / one["value"])}
     if device == "cpu":
         # The cpu preset's "peak" is what one worker alone achieves; keep that meaning.
         peak = dict(base.peak_flops)

@@ -66,3 +66,50 @@ def test_bench_scaling_reduced_grid(tmp_path):
         labels = {span[0] for span in rank["timeline"]}
         assert {"F", "B", "step"} <= labels, labels
     assert "Amdahl" in r.stdout and "measured | predicted" in r.stdout
+
+
+def test_rounds_run_the_grid_round_after_round_and_keep_each_rows_median(monkeypatch, tmp_path):
+    from ptd.bench import scaling as S
+    calls = []
+    # measured step per (run folder, round): round 2 is the slow one for n1, round 3 for n2
+    steps = {"n1-dp1-tp1-pp1-z0": [1.0, 1.3, 1.1], "n2-dp2-tp1-pp1-z0": [0.6, 0.5, 0.9],
+             "n2-dp1-tp1-pp2-z0": [0.7, 0.7, 0.8]}
+
+    def fake(folder, flags, timeout):
+        name, rnd = folder.name.rsplit("-r", 1)
+        calls.append(folder.name)
+        t = steps[name][int(rnd) - 1]
+        return {"measured": {"step_time_s": t, "tokens_per_s": 1 / t, "mfu": 0.1},
+                "predicted": {"step_time_s": 1.0 if name.startswith("n1") else 0.5,
+                              "tokens_per_s": 1.0, "mfu": 0.1}, "plan_desc": name, "round": rnd}
+    monkeypatch.setattr(S, "train_subprocess", fake)
+    data = S.measure(tmp_path, model="tiny", seq_len=8, global_batch=4, steps=5, workers=[1, 2],
+                     strategies=["ddp", "pp"], hardware=None, run_timeout=10, rounds=3,
+                     log=lambda *a: None)
+    # the whole grid per round; N = 1 is one run for both strategies
+    assert calls == [f"{n}-r{r}" for r in (1, 2, 3) for n in
+                     ("n1-dp1-tp1-pp1-z0", "n2-dp2-tp1-pp1-z0", "n2-dp1-tp1-pp2-z0")]
+    rows = {(r["strategy"], r["n"]): r for r in data["rows"]}
+    # medians: n1 of 1.0, 1.3, 1.1 is round 3 (1.1); ddp n2 of 0.6, 0.5, 0.9 is round 1 (0.6);
+    # pp n2 of 0.7, 0.7, 0.8 is 0.7 (round 1 or 2)
+    assert rows[("ddp", 1)]["summary"]["measured"]["step_time_s"] == 1.1
+    assert rows[("pp", 1)]["summary"] is rows[("ddp", 1)]["summary"]
+    assert rows[("ddp", 2)]["summary"]["round"] == "1"
+    assert rows[("pp", 2)]["summary"]["measured"]["step_time_s"] == 0.7
+    res = S.tables(data, ["ddp", "pp"], [1, 2])
+    sp = {(r["strategy"], r["n"]): r for r in res["speedup"]}
+    assert sp[("ddp", 2)]["ratio_rounds"] == pytest.approx([1.2, 1.0, 1.8])  # / 0.5 predicted
+    assert sp[("ddp", 1)]["ratio_rounds"] == pytest.approx([1.0, 1.3, 1.1])
+    text = S.render(res, None)
+    assert "in each of 3 rounds" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("ddp") and " 2 " in ln
+                and "1.80" in ln)
+    assert line.split()[-1] == "1.20"  # the median round's ratio, 0.6 / 0.5
+
+
+def test_a_failed_round_stands_for_its_row():
+    from ptd.bench.scaling import median_run
+    ok = [{"measured": {"step_time_s": t}} for t in (3.0, 1.0, 2.0)]
+    assert median_run(ok)["measured"]["step_time_s"] == 2.0
+    assert median_run(ok[:2])["measured"]["step_time_s"] == 1.0  # lower middle of two
+    assert "error" in median_run([*ok, {"error": "timed out"}])

@@ -100,31 +100,56 @@ def amdahl_fit(s: dict[Any, float]) -> tuple[float | None, str | None]:
     return p, None
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of the median measured step time (the lower middle of an even count); a
+    failed run stands for the row if any failed (a partial benchmark is not a result)."""
+    for r in runs:
+        if "error" in r:
+            return r
+    ranked = sorted(runs, key=lambda r: r["measured"]["step_time_s"])
+    return ranked[(len(ranked) - 1) // 2]
+
+
 def measure(out: Path, *, model: str, seq_len: int, global_batch: int, steps: int,
             workers: list[int], strategies: list[str], hardware: str | None,
-            run_timeout: float, log: Any = print) -> dict[str, Any]:
-    """Every (strategy, N) run of ``model``; returns the raw rows."""
+            run_timeout: float, rounds: int = 1, log: Any = print) -> dict[str, Any]:
+    """Every (strategy, N) run of ``model``, ``rounds`` times over the whole grid (round
+    after round, so that a slow spell of a shared machine lands in one round of every row,
+    not in every round of one); returns the raw rows, each standing for its median run."""
     common = ["--model", model, "--seq-len", str(seq_len), "--global-batch",
               str(global_batch), "--steps", str(steps), "--warmup", "1",
               "--profile-steps", "1", "--memory-step", "2", "--timeout", "120"]
     if hardware:
         common += ["--hardware", hardware]
+    done: dict[tuple, list[dict]] = {}
+    for rnd in range(1, rounds + 1):
+        for n in workers:
+            for strat in strategies:
+                lay = layout(strat, n)
+                key = (lay.dp, lay.tp, lay.pp, lay.zero)
+                if len(done.get(key, [])) == rnd:
+                    continue  # the same layout under another strategy's name
+                name = f"n{n}-dp{lay.dp}-tp{lay.tp}-pp{lay.pp}-z{lay.zero}"
+                if rounds > 1:
+                    name += f"-r{rnd}"
+                t0 = time.perf_counter()
+                s = train_subprocess(out / "runs" / name,
+                                     [*common, *train_flags(lay, global_batch)], run_timeout)
+                done.setdefault(key, []).append(s)
+                msg = s.get("error") or f"{s['measured']['step_time_s'] * 1e3:.0f} ms/step"
+                log(f"ptd bench: {name}: {msg} ({time.perf_counter() - t0:.0f} s)")
     rows: list[dict[str, Any]] = []
-    done: dict[tuple, dict] = {}
     for n in workers:
         for strat in strategies:
             lay = layout(strat, n)
             key = (lay.dp, lay.tp, lay.pp, lay.zero)
-            if key not in done:
-                name = f"n{n}-dp{lay.dp}-tp{lay.tp}-pp{lay.pp}-z{lay.zero}"
-                t0 = time.perf_counter()
-                done[key] = train_subprocess(out / "runs" / name,
-                                             [*common, *train_flags(lay, global_batch)],
-                                             run_timeout)
-                s = done[key]
-                msg = s.get("error") or f"{s['measured']['step_time_s'] * 1e3:.0f} ms/step"
-                log(f"ptd bench: {name}: {msg} ({time.perf_counter() - t0:.0f} s)")
-            rows.append({"strategy": strat, "n": n, "layout": key, "summary": done[key]})
+            runs = done[key]
+            row = {"strategy": strat, "n": n, "layout": key, "summary": median_run(runs)}
+            if rounds > 1:
+                row["rounds"] = [None if "error" in r else
+                                 [r["measured"]["step_time_s"], r["predicted"]["step_time_s"]]
+                                 for r in runs]
+            rows.append(row)
     return {"rows": rows}
 
 
@@ -132,6 +157,7 @@ def tables(data: dict[str, Any], strategies: Iterable[str], workers: list[int]) 
     """Speedup/efficiency/Amdahl and memory tables from the raw rows."""
     res: dict[str, Any] = {"speedup": [], "amdahl": [], "memory": [], "breakdown": []}
     by = {(r["strategy"], r["n"]): r["summary"] for r in data["rows"]}
+    rounds = {(r["strategy"], r["n"]): r["rounds"] for r in data["rows"] if "rounds" in r}
     for strat in strategies:
         tm, tp_ = {}, {}
         for n in workers:
@@ -152,6 +178,9 @@ def tables(data: dict[str, Any], strategies: Iterable[str], workers: list[int]) 
                 "tokens_per_s": s["measured"]["tokens_per_s"],
                 "tokens_per_s_pred": s["predicted"]["tokens_per_s"],
                 "mfu": s["measured"]["mfu"], "mfu_pred": s["predicted"]["mfu"]})
+            if (strat, n) in rounds:  # measured / predicted step of every round
+                res["speedup"][-1]["ratio_rounds"] = [None if r is None else r[0] / r[1]
+                                                      for r in rounds[(strat, n)]]
             res["memory"].append({
                 "strategy": strat, "n": n, "plan": s.get("plan_desc", ""),
                 **{f"{k}": mem_m.get(k) for k in ("params", "grads", "optimizer", "activations")},
@@ -238,6 +267,15 @@ def render(res: dict[str, Any], cl: dict[str, Any] | None) -> str:
             for r in res["speedup"]]
     lines.append(table(rows, header=("strategy", "N", "plan", "step", "pred", "speedup", "pred",
                                      "efficiency", "pred", "MFU", "pred"), align="lrlrrrrrrrr"))
+    per_round = [r for r in res["speedup"] if r.get("ratio_rounds")]
+    if per_round:
+        k = len(per_round[0]["ratio_rounds"])
+        lines += ["", f"step time measured / predicted in each of {k} rounds (the row above is "
+                      "its median round)"]
+        lines.append(table([(r["strategy"], r["n"], *(f2(x) for x in r["ratio_rounds"]),
+                             f2(r["step_s"] / r["step_s_pred"])) for r in per_round],
+                           header=("strategy", "N", *(f"round {i}" for i in range(1, k + 1)),
+                                   "median"), align="lr" + "r" * (k + 1)))
     lines += ["", "Amdahl's parallel fraction P (fitted over N), measured | predicted"]
     lines.append(table([(a["strategy"], f2(a["P"]), f2(a["P_pred"])) for a in res["amdahl"]],
                        header=("strategy", "P", "pred"), align="lrr"))

@@ -10,6 +10,7 @@ prediction. Then the same tables predicted for --cluster-model on N = 8 ... 1024
 
   ptd bench scaling                     # ~10 min on a 2-core CPU
   ptd bench scaling --quick             # reduced grid (1 and 2 workers, 4 strategies), ~2 min
+  ptd bench scaling --rounds 3          # the grid three times: each row's median round
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster-global-batch", type=positive_int, default=1024)
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--run-timeout", type=float, default=240.0, help="seconds per run (240)")
+    p.add_argument("--rounds", type=positive_int, default=1,
+                   help="run the whole grid this many times, round after round; each row "
+                        "reports its median round and every round's measured / predicted (1)")
     p.add_argument("--out", help="output folder (runs/bench, replaced by each bench)")
     p.add_argument("--force", action="store_true",
                    help="replace the results of an earlier bench in --out")
@@ -87,14 +91,14 @@ def run(a: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     data = S.measure(out, model=a.model, seq_len=a.seq_len, global_batch=a.global_batch,
                      steps=a.steps, workers=a.workers, strategies=a.strategies,
-                     hardware=a.hardware, run_timeout=a.run_timeout)
+                     hardware=a.hardware, run_timeout=a.run_timeout, rounds=a.rounds)
     res = S.tables(data, a.strategies, a.workers)
     cl = S.cluster_tables(a.cluster_model, a.cluster_hardware, a.cluster_gpus, a.cluster_seq_len,
                           a.cluster_global_batch, a.strategies)
     elapsed = time.perf_counter() - t0
     meta = {"model": a.model, "seq_len": a.seq_len, "global_batch": a.global_batch,
             "steps": a.steps, "workers": a.workers, "strategies": a.strategies,
-            "seconds": elapsed}
+            "rounds": a.rounds, "seconds": elapsed}
     slim_rows = [{k: v for k, v in r.items() if k != "summary"} |
                  {"summary": {k: r["summary"].get(k) for k in ("measured", "predicted", "ratio",
                                                                "plan_desc", "error", "wall_s")}}

@@ -1,5 +1,6 @@
-"""planner/search.py by hand, the small pure parts: --fix parsing and its bounds, divisors.
-(Started at the end of a session; search.py's mutation score is not measured yet.)"""
+"""planner/search.py by hand: --fix parsing and its bounds, divisors; and (below, from the
+module's first mutation run, a sample of 25, seed 20261127) the walk counted plan by plan on
+a space small enough to enumerate on paper, and the pieces around it."""
 
 import pytest
 

@@ -100,7 +100,7 @@ def test_model_states_of_each_stage_and_convention(zero, zero_conv, ptd_conv):
     assert M.model_state_bytes(m, plan, "zero", pp_rank=0, dp_rank=1) == zero_conv
 
 
-def test_most_loaded_pipeline_rank_holds_the_embeddings():
+def test_most_loaded_pipeline_rank_by_hand():
     # pp 2, one block a rank: rank 0 the embeddings 1024 + positions 128 + a block 872 = 2024,
     # rank 1 a block + final norm 16 + output 1024 = 1912. fp32, no ZeRO, ptd: 4/4/8 bytes.
     m = tiny_gpt()
@@ -310,6 +310,10 @@ def test_memory_offload_and_capacity():
     on = M.memory(m, plan, capacity=1e9)
     assert (on.params, on.grads, on.optimizer) == (7872, 7872, 15744)  # ptd, stage 3
     assert on.buffers == 6976 and on.capacity == 1e9 and on.fits
+    # bf16 blocks, s 16, b 1 (2 samples over dp 2), sbh 128: norms 2 x 2 x 128 = 512, inputs
+    # 512, Q K V 2 x 16 x 24 = 768, out 256, GELU 2 x 2 x 16 x 32 = 2048, lse 128: 4224 each;
+    # output (2 + 2) x 128 + 4 x 16 x 128 = 8704, loss 16384: 2 x 4224 + 8704 + 16384 = 33536
+    assert on.activations == 33536
     off = M.memory(m, plan.replace(offload=True))
     # CPU offload: no model states on the device; buffers and activations as before
     assert (off.params, off.grads, off.optimizer) == (0, 0, 0)

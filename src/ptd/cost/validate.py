@@ -152,6 +152,8 @@ def case_model(c: dict[str, Any]) -> ModelSpec:
     kvs = [_int(m["kv_heads"], "model.kv_heads")] if m.get("kv_heads") else \
         [k for k in range(1, heads + 1) if heads % k == 0]
     target = m.get("params_b")
+    if not isinstance(target, (int, float)):
+        kvs = kvs[-1:]  # no count to match: multi-head (heads itself, the largest divisor)
     best: tuple[float, ModelSpec] | None = None
     for kind in kinds:
         for kv in kvs:

@@ -250,6 +250,12 @@ def test_the_activation_is_a_kind_of_its_own():
                      position="learned")
     g = E.block_passes(gelu, 10, 1, False, "bf16", "eager")
     assert g["activation"] == [10 * 2 * 2 * 8, 10 * 3 * 2 * 8]  # GELU: all of it
+    # routed experts (no shared one): each token's top_k = 2 assignments run SiLU over F = 8:
+    # 2 x 8 x 2 bytes read and written forward (x 2), read two and written one backward (x 3)
+    moe = ModelSpec(name="m", n_layers=1, hidden=4, n_heads=2, n_kv_heads=2, ffn_hidden=8,
+                    vocab_size=128, max_seq_len=16, n_experts=4, top_k=2)
+    assert E.block_passes(moe, 10, 1, False, "bf16", "eager")["activation"] == \
+        [10 * 2 * (2 * 8 * 2), 10 * 3 * (2 * 8 * 2)]
     # on a GPU it is priced as the other same-shape operators (SiLU was the one measured)
     assert E.BW_FRACTION["activation"] == E.BW_FRACTION["elementwise"]
 

@@ -147,7 +147,9 @@ def block_passes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str,
     put("elementwise", (act_f - 2) * c * f, (act_b - 3) * c * f)  # SwiGLU's gate product
     if model.is_moe:  # routed experts: gather, weighting and index_add per assignment
         routed = model.top_k * ((act_f * model.ffn_hidden) + 6 * h) * c
-        put("elementwise", routed, 2 * routed)
+        act = model.top_k * model.ffn_hidden * c  # the experts' activation, as the dense one
+        put("activation", 2 * act, 3 * act)
+        put("elementwise", routed - 2 * act, 2 * routed - 3 * act)
     if model.dropout > 0:  # two residual dropouts: read, write, a one-byte mask
         put("elementwise", 2 * hs * (2 * c + 1), 2 * hs * (2 * c + 1))
     w = weight_cast_bytes(model, tp, dtype, kind, ep)

@@ -145,8 +145,8 @@ class HardwareSpec:
     eager_bandwidth_fraction: dict[str, float] = field(default_factory=dict)
     """From ``ptd calibrate``: the share of the copy bandwidth a kind of eager kernel reaches
     on this machine, by kind of :mod:`ptd.cost.eager` (``activation``: SiLU/GELU forward and
-    backward, which a CPU's exponential, not its memory, bounds: ~0.2 measured on a 2-core
-    EPYC). Overrides the GPU table ``ptd.cost.eager.BW_FRACTION`` (and 1, elsewhere) for the
+    backward, which a CPU's exponential, not its memory, bounds: 0.31 measured on a
+    2-core EPYC). Overrides the GPU table ``ptd.cost.eager.BW_FRACTION`` (and 1, elsewhere) for the
     kinds it names."""
     collectives: tuple[CollectiveFit, ...] = ()
     """From ``ptd calibrate``: measured alpha-beta per collective and group size."""

@@ -2,15 +2,21 @@
 (docs/testing.md, "runtime/parallel and runtime/checkpoint, sampled"): the 2-D
 tensor-parallel LayerNorm's mean (``tp2d.py:209``, ``/ h`` as ``% h``) and the pipeline's
 evaluation forward (``pp.py:242,248``: receiving from stage ``s - 1`` and sending to stage
-``s + 1``, mutated to ``s // 1`` and ``s * 1``).
+``s + 1``, mutated to ``s // 1`` and ``s * 1``), and two from a second sample (seed
+20261128): the same receive test as ``s << 1`` (seen only where one rank holds two
+consecutive stages: the zero-bubble V) and ``parallelize`` applying only some recompute
+modes (``__init__.py:59``, ``!= "none"`` as ``<= "none"``: "selective" dropped).
 
 No multi-process run is needed: on a ``1 x 1`` grid the norms' row all-reduce is over a
 one-rank gloo group (an identity), so ``LayerNorm2D``'s arithmetic is checked against values
-worked by hand; ``ForwardOnly`` is run rank after rank on one process with
+worked by hand; ``ForwardOnly`` is run rank after rank (or on threads) in one process with
 ``torch.distributed``'s point-to-point calls replaced by a recorded wire, which checks every
 message's source and destination."""
 
-from collections import deque
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -87,27 +93,44 @@ def test_rmsnorm_2d_on_one_rank_by_hand(one_rank_gloo):
 
 # ------------------------------------------------------------------ pp.py: ForwardOnly
 class Wire:
-    """``dist.send``/``dist.recv`` between ranks run one after another on this process:
-    each message is queued at its destination with its source; a receive takes the oldest
-    message queued for the receiving rank and checks it came from the rank asked for."""
+    """``dist.send``/``dist.recv`` between ranks that run on threads of this process (or one
+    after another: a send never blocks): each message is queued at its destination with its
+    source; a receive takes the oldest message queued for the receiving rank (waiting up to
+    5 s for it) and checks it came from the rank asked for."""
 
     def __init__(self):
-        self.queues: dict[int, deque] = {}
-        self.me = None
+        self.queues: dict[int, queue.Queue] = {}
+        self.lock = threading.Lock()
+        self.local = threading.local()
         self.log: list[tuple[int, int]] = []  # (source, destination) of every message
 
+    @property
+    def me(self):
+        return self.local.rank
+
+    @me.setter
+    def me(self, rank):
+        self.local.rank = rank
+
+    def _queue(self, rank):
+        with self.lock:
+            return self.queues.setdefault(rank, queue.Queue())
+
     def send(self, tensor, dst):
-        self.queues.setdefault(dst, deque()).append((self.me, tensor.clone()))
-        self.log.append((self.me, dst))
+        with self.lock:
+            self.log.append((self.me, dst))
+        self._queue(dst).put((self.me, tensor.clone()))
 
     def recv(self, tensor, src):
-        queue = self.queues.get(self.me)
-        assert queue, f"rank {self.me} receives from {src}: nothing was sent to it"
-        came_from, data = queue.popleft()
+        assert src != self.me, f"rank {self.me} receives from itself"
+        came_from, data = self._queue(self.me).get(timeout=5)
         assert came_from == src, f"rank {self.me} asked {src}, the message came from {came_from}"
         assert tensor.shape == data.shape and tensor.dtype == data.dtype, (tensor, data)
         tensor.copy_(data)
         return src
+
+    def drained(self):
+        return all(q.empty() for q in self.queues.values())
 
 
 class Affine(nn.Module):
@@ -154,7 +177,7 @@ def test_pipeline_evaluation_forward_passes_activations_stage_to_stage(monkeypat
     # each activation goes as three messages (header length, header, tensor) to the next
     # stage's global rank: 10 -> 11 for both micro-batches, then 11 -> 12
     assert wire.log == [(10, 11)] * 6 + [(11, 12)] * 6
-    assert all(not q for q in wire.queues.values())  # every message was received
+    assert wire.drained()  # every message was received
 
 
 @pytest.mark.timeout(60)
@@ -183,3 +206,54 @@ def test_pipeline_evaluation_header_carries_dtype_and_shape(monkeypatch):
     assert seen == [(torch.bfloat16, (2, 1, 3), 3.0)]
     assert float(y) == 3.0
     assert wire.log == [(0, 1)] * 3
+
+
+@pytest.mark.timeout(60)
+def test_pipeline_evaluation_forward_on_the_zero_bubble_v(monkeypatch):
+    from ptd.runtime.parallel.pp import ForwardOnly
+    # zero-bubble on pp 2: four stages in a V (docs: stage s and 2p-1-s on rank s), so rank 0
+    # holds stages 0 and 3, rank 1 stages 1 and 2 -- two consecutive stages on one rank,
+    # whose activation must stay local (no receive from itself), and rank 0 must wait for
+    # rank 1's stage 2 before its stage 3: the ranks run on two threads
+    plan = ParallelPlan(pp=2, schedule="zero-bubble", micro_batch=1, global_batch=1, seq_len=2)
+    wire = Wire()
+    monkeypatch.setattr(dist, "get_global_rank", lambda group, r: 20 + r)
+    monkeypatch.setattr(dist, "send", wire.send)
+    monkeypatch.setattr(dist, "recv", wire.recv)
+    stage = [Affine(2.0, 0.0), Affine(3.0, 1.0), Affine(1.0, -5.0), Affine(-1.0, 0.0)]
+    inputs, targets = [torch.tensor([[1.0, 2.0]])], [torch.tensor([[1.0, 1.0]])]
+
+    def run(rank, ids):
+        wire.me = 20 + rank
+        return ForwardOnly([stage[i] for i in ids], ids, plan, group=None).losses(
+            inputs, targets, lambda y, t: (y * t).sum())
+
+    with ThreadPoolExecutor(2) as pool:
+        f0, f1 = pool.submit(run, 0, [0, 3]), pool.submit(run, 1, [1, 2])
+        out0, out1 = f0.result(timeout=30), f1.result(timeout=30)
+    # by hand: [1, 2] -> stage 0 (x*2): [2, 4] -> stage 1 (x*3+1): [7, 13] -> stage 2
+    # (x-5): [2, 8] -> stage 3 (-x): [-2, -8]; loss -2 + -8 = -10, on rank 0 (the last stage's)
+    assert [float(v) for v in out0] == [-10.0] and out1 == []
+    # messages: stage 0's output 20 -> 21, stage 2's back 21 -> 20 (three each); none
+    # between stages 1 and 2, which share rank 1
+    assert sorted(wire.log) == [(20, 21)] * 3 + [(21, 20)] * 3
+    assert wire.drained()
+
+
+# ------------------------------------------------------------------ __init__.py: recompute
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+def test_parallelize_sets_each_blocks_recompute(one_rank_gloo, mode):
+    from ptd.runtime.model.transformer import build_model
+    from ptd.runtime.parallel import parallelize, unwrap
+    from ptd.specs import get_preset
+    spec = get_preset("tiny")
+    plan = ParallelPlan(recompute=mode, micro_batch=1, global_batch=1, seq_len=8)
+    # one process, no tp/pp/cp/zero: only the recompute switch and the (one-rank) DDP wrapper
+    dims = SimpleNamespace(device=torch.device("cpu"), ep_mesh=None,
+                           group=lambda axis: one_rank_gloo)
+    model = unwrap(parallelize(build_model(spec), plan, dims, seed=0))
+    # Block.recompute is the plan's mode (the Block docstring: "none", "full" whole block,
+    # "selective" the attention core only -> attention.recompute_core only for "selective")
+    assert [b.recompute for b in model.layers.values()] == [mode] * spec.n_layers
+    assert [b.attention.recompute_core for b in model.layers.values()] == [mode == "selective"] * spec.n_layers

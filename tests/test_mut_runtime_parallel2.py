@@ -5,7 +5,9 @@ evaluation forward (``pp.py:242,248``: receiving from stage ``s - 1`` and sendin
 ``s + 1``, mutated to ``s // 1`` and ``s * 1``), and two from a second sample (seed
 20261128): the same receive test as ``s << 1`` (seen only where one rank holds two
 consecutive stages: the zero-bubble V) and ``parallelize`` applying only some recompute
-modes (``__init__.py:59``, ``!= "none"`` as ``<= "none"``: "selective" dropped).
+modes (``__init__.py:59``, ``!= "none"`` as ``<= "none"``: "selective" dropped), and
+``dp_cp_group``'s check that the rank is in a group (``cp.py:161``, ``and`` as ``or``),
+on a fake process group.
 
 No multi-process run is needed: on a ``1 x 1`` grid the norms' row all-reduce is over a
 one-rank gloo group (an identity), so ``LayerNorm2D``'s arithmetic is checked against values
@@ -257,3 +259,37 @@ def test_parallelize_sets_each_blocks_recompute(one_rank_gloo, mode):
     # "selective" the attention core only -> attention.recompute_core only for "selective")
     assert [b.recompute for b in model.layers.values()] == [mode] * spec.n_layers
     assert [b.attention.recompute_core for b in model.layers.values()] == [mode == "selective"] * spec.n_layers
+
+
+# ------------------------------------------------------------------ cp.py: dp_cp_group
+@pytest.fixture
+def fake_world():
+    """A fake process group (no communication) of ``world`` ranks in which this process is
+    ``rank``: group creation works, collectives are not run."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def init(rank, world):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    yield init
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(60)
+def test_dp_cp_group_is_this_ranks_dp_x_cp_replicas(fake_world):
+    from ptd.runtime.parallel.cp import dp_cp_group
+    fake_world(5, 8)
+    plan = ParallelPlan(dp=2, cp=2, tp=2, micro_batch=1, global_batch=2, seq_len=8)
+    # by hand (tp fastest, then cp, dp, pp): rank 5 = tp 1, cp 0, dp 1, pp 0; the ranks that
+    # share its pp 0 and tp 1 are tp 1 + 2*cp + 4*dp for cp, dp in {0, 1}: 1, 3, 5, 7
+    assert dist.get_process_group_ranks(dp_cp_group(plan)) == [1, 3, 5, 7]
+
+
+@pytest.mark.timeout(60)
+def test_dp_cp_group_refuses_a_rank_outside_the_plan(fake_world):
+    from ptd.runtime.parallel.cp import dp_cp_group
+    # a world of 8 for a plan of dp 2 x cp 2 = 4 ranks: rank 5 is in none of the groups, and
+    # returning no group (None) would make the gradient all-reduce run over the whole world
+    fake_world(5, 8)
+    with pytest.raises(AssertionError):
+        dp_cp_group(ParallelPlan(dp=2, cp=2, micro_batch=1, global_batch=2, seq_len=8))

@@ -46,3 +46,15 @@ def no_workers(monkeypatch, tmp_path):
     """Nothing may start a process; ptd's home is a fresh folder."""
     forbid_processes(monkeypatch)
     monkeypatch.setenv("PTD_HOME", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def one_rank_gloo(tmp_path):
+    """A one-rank gloo process group (a file store in ``tmp_path``), destroyed afterwards:
+    collectives are identities, so code that reduces over a group runs in one process."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()

@@ -62,16 +62,6 @@ def test_tensor_parallel_peers_share_one_rng_stream():
     assert all(type(rng_stream(r, 2)) is int for r in range(4))
 
 
-@pytest.fixture
-def one_rank_gloo(tmp_path):
-    import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.timeout(60)
 def test_vocab_parallel_cross_entropy_on_one_rank_is_cross_entropy(one_rank_gloo):
     # On a row of one rank the vocabulary-parallel loss is plain cross-entropy per token and

@@ -31,15 +31,6 @@ from ptd.specs import ParallelPlan
 
 
 # ------------------------------------------------------------------ tp2d.py: LayerNorm2D
-@pytest.fixture
-def one_rank_gloo(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
-
-
 def _on_1x1_grid(norm, cls2d, group):
     """``norm`` swapped in place for its 2-D form (as ``apply_tp2d`` does) on a 1 x 1 grid:
     the row and column groups are the one rank (norms do not read the mesh)."""

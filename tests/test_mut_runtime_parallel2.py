@@ -126,6 +126,16 @@ class Wire:
         return all(q.empty() for q in self.queues.values())
 
 
+def wired(monkeypatch, first_global_rank):
+    """A :class:`Wire` in place of ``dist.send``/``dist.recv``, the pp group's rank ``r``
+    being global rank ``first_global_rank + r``."""
+    wire = Wire()
+    monkeypatch.setattr(dist, "get_global_rank", lambda group, r: first_global_rank + r)
+    monkeypatch.setattr(dist, "send", wire.send)
+    monkeypatch.setattr(dist, "recv", wire.recv)
+    return wire
+
+
 class Affine(nn.Module):
     """One pipeline stage: ``x * a + b`` (distinct per stage, so a skipped or repeated stage
     changes the result)."""
@@ -144,10 +154,7 @@ def test_pipeline_evaluation_forward_passes_activations_stage_to_stage(monkeypat
     # three stages on pp ranks 0, 1, 2 (1F1B: stage s on rank s); the group's global ranks
     # 10, 11, 12, so a pp rank used as a global one would show
     plan = ParallelPlan(pp=3, schedule="1f1b", micro_batch=1, global_batch=2, seq_len=2)
-    wire = Wire()
-    monkeypatch.setattr(dist, "get_global_rank", lambda group, r: 10 + r)
-    monkeypatch.setattr(dist, "send", wire.send)
-    monkeypatch.setattr(dist, "recv", wire.recv)
+    wire = wired(monkeypatch, 10)
     stages = [Affine(2.0, 0.0), Affine(3.0, 1.0), Affine(4.0, 2.0)]
     inputs = [torch.tensor([[1.0, 2.0]], dtype=torch.float64),
               torch.tensor([[0.0, -1.0]], dtype=torch.float64)]
@@ -179,10 +186,7 @@ def test_pipeline_evaluation_header_carries_dtype_and_shape(monkeypatch):
     # two stages; rank 0's output is bf16 of shape (2, 1, 3): the receiver must allocate
     # exactly that (the Wire refuses a receive buffer of another shape or dtype)
     plan = ParallelPlan(pp=2, schedule="gpipe", micro_batch=2, global_batch=2, seq_len=1)
-    wire = Wire()
-    monkeypatch.setattr(dist, "get_global_rank", lambda group, r: r)
-    monkeypatch.setattr(dist, "send", wire.send)
-    monkeypatch.setattr(dist, "recv", wire.recv)
+    wire = wired(monkeypatch, 0)
     first = Affine(1.0, 0.5)
     x = torch.zeros(2, 1, 3, dtype=torch.bfloat16)
     seen = []
@@ -209,10 +213,7 @@ def test_pipeline_evaluation_forward_on_the_zero_bubble_v(monkeypatch):
     # whose activation must stay local (no receive from itself), and rank 0 must wait for
     # rank 1's stage 2 before its stage 3: the ranks run on two threads
     plan = ParallelPlan(pp=2, schedule="zero-bubble", micro_batch=1, global_batch=1, seq_len=2)
-    wire = Wire()
-    monkeypatch.setattr(dist, "get_global_rank", lambda group, r: 20 + r)
-    monkeypatch.setattr(dist, "send", wire.send)
-    monkeypatch.setattr(dist, "recv", wire.recv)
+    wire = wired(monkeypatch, 20)
     stage = [Affine(2.0, 0.0), Affine(3.0, 1.0), Affine(1.0, -5.0), Affine(-1.0, 0.0)]
     inputs, targets = [torch.tensor([[1.0, 2.0]])], [torch.tensor([[1.0, 1.0]])]
 

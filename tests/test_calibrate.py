@@ -164,7 +164,9 @@ def test_attention_fraction_by_head_dimension_and_sequence_by_hand():
     assert attention_fraction(hw, "fp32", 8, 64) == 0.05      # below the shortest: its value
     assert attention_fraction(hw, "fp32", 8, 4096) == 0.15    # beyond the longest: its value
     assert attention_fraction(hw, "fp32", 32, 2048) == 0.4    # one length measured
-    assert attention_fraction(hw, "fp32", 16, 256) == 0.3     # head 16 not measured
+    # head 16 not measured: halfway in log2 d between head 8 at s 256 (0.10) and 32 (0.4)
+    assert attention_fraction(hw, "fp32", 16, 256) == pytest.approx(0.25)
+    assert attention_fraction(hw, "fp32", 128, 256) == 0.4    # beyond the widest: its value
     assert attention_fraction(hw, "bf16", 8, 128) == 0.3      # nor bf16
 
 
@@ -185,8 +187,13 @@ def test_calibrate_model_measures_its_attention_shapes():
     # tiny: 8 heads of 8, max_seq_len 256 -> sequence 128 and its longest, ~2048 tokens each
     assert model_attention_shapes("tiny", 2048) == [(16, 8, 128, 8), (8, 8, 256, 8)]
     plan = make_plan([1, 2], ["fp32"], False, "cpu", None, model_attention_shapes("tiny", 2048))
-    assert plan["attn_model_shapes"] == [(16, 8, 128, 8), (8, 8, 256, 8)]
+    # and on a CPU heads of 8 at sequence 128 whatever the model (not twice), on a GPU not
+    assert plan["attn_model_shapes"] == [(16, 8, 128, 8), (8, 8, 256, 8), (8, 8, 128, 8)]
     assert "attention shapes fp32" in stage_labels(plan)
+    assert make_plan([1], ["fp32"], True, "cpu", None, [(8, 8, 128, 8)])["attn_model_shapes"] \
+        == [(8, 8, 128, 8)]
+    assert make_plan([1], ["fp32"], True, "cpu")["attn_model_shapes"] == [(8, 8, 128, 8)]
+    assert make_plan([1], ["bf16"], True, "cuda")["attn_model_shapes"] == []
 
 
 # ------------------------------------------------------------------ command line

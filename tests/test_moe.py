@@ -428,3 +428,25 @@ def test_moe_block_products_and_memory_traffic_under_tp_by_hand():
     dense_part = lambda t: 4 * 64 + 6 * 64 + 6 * (64 + 32) / t + (2 * (64 + 64) + 2 * 64) / t  # noqa: E731
     assert one == 128 * 4 * (dense_part(1) + 2 * (5 * 64 + 6 * 64) + 5 * 64)
     assert two == 128 * 4 * (dense_part(2) + 2 * (5 * 64 + 6 * 64) + 5 * 64 / 2)
+
+
+def test_optimizer_prices_expert_dtensors_under_ep_alone_by_hand():
+    # ep without tp or ZeRO: the routed experts are DTensors (sharded over ep), the rest plain
+    # tensors, each kind at its measured cost of the optimizer phase per tensor (with memory
+    # traffic made free). tiny-moe: 4 layers of 10 tensors (2 norms, q k v o, router, w1 w2
+    # w3), and 4 more (embedding, final norm, output; the count's constant)
+    import dataclasses
+    from ptd.cost.step import optimizer_time, micro_batch
+    from ptd.specs import ClusterSpec, get_hardware_preset
+    hw = dataclasses.replace(get_hardware_preset("cpu"), memory_bandwidth=1e30,
+                             memory_bandwidth_measured={}, overheads_measured={
+                                 "optimizer_tensor": {1: 1e-4},
+                                 "optimizer_tensor_dtensor": {1: 5e-4}})
+    cluster = ClusterSpec(hw, 1)
+    m = get_preset("tiny-moe")
+    plan = ParallelPlan(dp=2, ep=2, micro_batch=2, global_batch=4, seq_len=64, dtype="fp32")
+    mbt = micro_batch(m, plan, cluster, "flash", True, True)
+    assert optimizer_time(m, plan, cluster, mbt)[0] == pytest.approx(32 * 1e-4 + 12 * 5e-4)
+    assert optimizer_time(m, plan.replace(ep=1), cluster, mbt)[0] == pytest.approx(44 * 1e-4)
+    # under ZeRO every parameter is a DTensor already: all 44 at the DTensor cost
+    assert optimizer_time(m, plan.replace(zero=1), cluster, mbt)[0] == pytest.approx(44 * 5e-4)

@@ -6,6 +6,8 @@ as its specification)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from ptd.cost import compute as C
@@ -119,7 +121,13 @@ def test_attention_fraction_interpolates_in_log_seq():
     assert C.attention_fraction(hw, "bf16", 64, 64) == pytest.approx(0.4)    # below: nearest
     assert C.attention_fraction(hw, "bf16", 64, 4096) == pytest.approx(0.6)  # beyond: nearest
     assert C.attention_fraction(hw, "bf16", 32, 64) == pytest.approx(0.9)
-    assert C.attention_fraction(hw, "bf16", 128, 256) == 0.7                 # unmeasured head
+    # head dimensions not measured: linear in log2 d between the nearest measured ones at
+    # this length (sqrt(32 * 64): halfway between 0.9 and head 64's 0.5 at s = 256), the
+    # nearest measured one beyond them; a dtype without shapes: attention_efficiency
+    assert C.attention_fraction(hw, "bf16", math.sqrt(32 * 64), 256) == pytest.approx(0.7)
+    assert C.attention_fraction(hw, "bf16", 128, 256) == pytest.approx(0.5)
+    assert C.attention_fraction(hw, "bf16", 8, 4096) == pytest.approx(0.9)
+    assert C.attention_fraction(hw, "fp32", 64, 256) == 0.7
 
 
 def test_busy_rate_and_overlap_without_sms():

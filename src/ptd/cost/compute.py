@@ -205,22 +205,38 @@ def gemm_time(g: Gemm, rate: float, bw: float, act_bytes: int, hw: HardwareSpec 
 
 
 def attention_fraction(hw: HardwareSpec, dtype: str, head_dim: int, seq_len: int) -> float:
-    """Causal attention's rate as a fraction of the matmul rate: from ``ptd calibrate``'s
-    attention shapes with this head dimension where measured (linear in ``log2 s`` between
-    the measured sequence lengths, the nearest one beyond them), else
+    """Causal attention's rate as a fraction of the matmul rate, from ``ptd calibrate``'s
+    attention shapes: for a head dimension measured, linear in ``log2 s`` between the
+    measured sequence lengths (the nearest one beyond them); for one between two measured
+    head dimensions, linear in ``log2 d`` between their values at this length; beyond the
+    measured head dimensions, the nearest one's. Without measured shapes,
     ``hw.attention_efficiency``. A CPU's attention kernel runs small heads far below large
     ones (``ptd calibrate --model tiny``, 2026-11-25, 2-core AMD EPYC, fp32: heads of 8 at
-    0.054 of the matmul rate at sequence 128 and 0.062 at 256, heads of 32 at 0.32)."""
+    0.054 of the matmul rate at sequence 128 and 0.062 at 256, heads of 32 at 0.32), so one
+    value for every head dimension misprices a tiny model's attention several times over."""
     table = hw.attention_shapes_measured.get(dtype) if hw.attention_shapes_measured else None
-    pts = []
+    by_dim: dict[int, list[tuple[float, float]]] = {}
     for key, r in (table or {}).items():
         _, _, s, d = map(int, key.split("x"))  # "BxHxSxD"
-        if d == head_dim:
-            pts.append((math.log2(s), r))
-    pts.sort()
-    if not pts:
+        by_dim.setdefault(d, []).append((math.log2(s), r))
+    if not by_dim:
         return hw.attention_efficiency
     x = math.log2(max(seq_len, 1))
+    dims = sorted(by_dim)
+    if head_dim <= dims[0] or head_dim >= dims[-1]:
+        return _along(by_dim[dims[0] if head_dim <= dims[0] else dims[-1]], x)
+    hi = next(d for d in dims if d >= head_dim)
+    lo = max(d for d in dims if d <= head_dim)
+    if lo == hi:
+        return _along(by_dim[lo], x)
+    r0, r1 = _along(by_dim[lo], x), _along(by_dim[hi], x)
+    w = (math.log2(head_dim) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+    return r0 + (r1 - r0) * w
+
+
+def _along(pts: list[tuple[float, float]], x: float) -> float:
+    """Linear interpolation of ``(x, value)`` points at ``x``; the nearest end beyond them."""
+    pts = sorted(pts)
     if x <= pts[0][0]:
         return pts[0][1]
     for (x0, r0), (x1, r1) in zip(pts, pts[1:]):

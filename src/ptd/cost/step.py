@@ -364,6 +364,13 @@ def optimizer_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, m
     per_tensor = cluster.overhead("optimizer_tensor_dtensor" if dtensor_params else "optimizer_tensor")
     optimizer = C.optimizer_time(opt_params, n_tensors, hw, plan.offload, cluster.memory_bandwidth,
                                  cluster.op_overhead, per_tensor)
+    if plan.ep > 1 and not dtensor_params:
+        # expert parallelism alone: the routed experts are DTensors (sharded over ep), the
+        # rest plain -- each expert tensor pays the DTensor phase's cost instead
+        n_exp = sum(P.is_routed_expert(p) for p in P.layer_params(model)) * mbt.nl
+        dt = cluster.overhead("optimizer_tensor_dtensor")
+        if dt is not None and per_tensor is not None:
+            optimizer += n_exp * (dt - per_tensor)
     if not (plan.tp > 1 and plan.sp and plan.zero == 0):  # (FSDP reduces them itself)
         return optimizer, 0.0
     tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")

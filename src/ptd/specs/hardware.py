@@ -134,9 +134,10 @@ class HardwareSpec:
     attention_shapes_measured: dict[str, dict[str, float]] = field(default_factory=dict)
     """From ``ptd calibrate``: causal attention (SDPA forward + backward) of each shape
     ``"BxHxSxD"`` (batch, heads, sequence, head dimension), by dtype, as a fraction of the
-    matmul rate ``R`` at the same worker count. Where a shape with the model's head dimension
-    was measured, attention runs at that fraction (:func:`ptd.cost.compute.attention_fraction`)
-    instead of ``attention_efficiency``: small heads run far below large ones on a CPU."""
+    matmul rate ``R`` at the same worker count. Where present, attention runs at the fraction
+    measured for the model's head dimension, or interpolated between the head dimensions
+    measured (:func:`ptd.cost.compute.attention_fraction`), instead of
+    ``attention_efficiency``: small heads run far below large ones on a CPU."""
     memory_bandwidth_measured: dict[int, float] = field(default_factory=dict)
     """From ``ptd calibrate``: achieved copy bandwidth per worker (bytes/s) by workers at once.
     Overrides memory_bandwidth*memory_efficiency."""

@@ -64,9 +64,25 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
                 pause_s=0.15 if cuda else 0.0,
                 gemm_shapes=gemm_sweep(cuda, quick, model_shapes),
                 blocking_bytes=MiB,
-                gemm_sizes=gemm, attn_shapes=attn, attn_model_shapes=list(model_attention or []),
+                gemm_sizes=gemm, attn_shapes=attn,
+                attn_model_shapes=_with_small_heads(list(model_attention or []), cuda),
                 coll_sizes=coll, kinds=list(KINDS),
                 group_sizes=group_sizes)
+
+
+SMALL_HEADS = [(8, 8, 128, 8)]
+"""On a CPU, also heads of 8 (the tiny models'): the attention kernel runs them far below
+the default shapes' heads of 32 and 64 (fp32, 0.08-0.12 of the matmul rate against 0.19-0.39,
+on a 2-core AMD EPYC and a 16-core Xeon: docs/calibration.md), and the cost model
+interpolates between the head dimensions measured (:func:`ptd.cost.compute.
+attention_fraction`). Measured like a model's own shapes: beside the default ones, not in
+the median that gives ``attention_efficiency``."""
+
+
+def _with_small_heads(shapes: list[tuple[int, int, int, int]], cuda: bool
+                      ) -> list[tuple[int, int, int, int]]:
+    """A model's attention shapes, and on a CPU :data:`SMALL_HEADS` not among them."""
+    return shapes if cuda else shapes + [s for s in SMALL_HEADS if s not in shapes]
 
 
 def gemm_sweep(cuda: bool, quick: bool, extra: list[tuple[int, int, int]] | None = None

@@ -450,3 +450,27 @@ def test_optimizer_prices_expert_dtensors_under_ep_alone_by_hand():
     assert optimizer_time(m, plan.replace(ep=1), cluster, mbt)[0] == pytest.approx(44 * 1e-4)
     # under ZeRO every parameter is a DTensor already: all 44 at the DTensor cost
     assert optimizer_time(m, plan.replace(zero=1), cluster, mbt)[0] == pytest.approx(44 * 5e-4)
+
+
+def test_experts_run_in_the_autocast_dtype(monkeypatch):
+    # autocast does not reach aten._grouped_mm: on fp32 rows it ran Mixtral's experts in fp32
+    # on an H200 (7x the step). The rows must reach the products in autocast's dtype, as a
+    # Linear's input does, and the layer's output be in it too (as a dense MLP's is)
+    import ptd.runtime.model.moe as moe_mod
+    seen = []
+    real = moe_mod.grouped_mm
+    monkeypatch.setattr(moe_mod, "grouped_mm",
+                        lambda x, w, c: seen.append((x.dtype, w.dtype)) or real(x, w, c))
+    spec = get_preset("tiny-moe")
+    layer = MoE(spec)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    x = torch.randn(2, 16, spec.hidden, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    assert seen == [(torch.bfloat16, torch.bfloat16)] * 3 and y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and layer.experts.w1.grad.dtype == torch.float32
+    seen.clear()
+    layer(x)  # without autocast: fp32 throughout
+    assert seen == [(torch.float32, torch.float32)] * 3

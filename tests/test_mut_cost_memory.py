@@ -8,7 +8,7 @@ by hand. Nothing here calls the code under test for an expected value."""
 import pytest
 
 from ptd.cost import memory as M
-from ptd.specs import ParallelPlan
+from ptd.specs import ParallelPlan, get_preset
 from ptd.specs.model import ModelSpec
 
 
@@ -319,3 +319,35 @@ def test_memory_offload_and_capacity():
     assert (off.params, off.grads, off.optimizer) == (0, 0, 0)
     assert off.buffers == 6976 and off.activations == on.activations
     assert not M.memory(m, plan, capacity=7872).fits
+
+
+def test_autocast_weight_copies_by_hand():
+    from ptd.cost.memory import autocast_weight_copies
+    from ptd.summary.compare import predicted_rank_memory
+    from ptd.cost.memory import activation_bytes
+    plan = ParallelPlan(dtype="bf16", global_batch=8, seq_len=64, micro_batch=8)
+    # tiny (h 64, 8 heads of 8, 4 kv heads, F 128, SwiGLU, vocabulary 256, untied): per block
+    # wq 64x64, wk and wv 64x32, wo 64x64, w1 w3 64x128, w2 128x64 = 36864; four blocks and
+    # the output layer 256x64; not the token embedding (a lookup) nor the norms (vectors)
+    assert autocast_weight_copies(get_preset("tiny"), plan, 0) == 4 * 36864 + 256 * 64
+    # tiny-moe with ep 2: per block 12288 of attention, the router 8x64, and half of the
+    # 8 experts' three 64x64 matrices
+    moe = ParallelPlan(dtype="bf16", dp=2, ep=2, global_batch=8, seq_len=64, micro_batch=4)
+    assert autocast_weight_copies(get_preset("tiny-moe"), moe, 0) == \
+        4 * (12288 + 512 + 3 * 4 * 64 * 64) + 256 * 64
+    # tiny-gpt (tied, learned positions, GELU 64x256 with biases): the output product reads
+    # the token embedding on one stage; over two stages the last holds its own copy of it
+    gpt = get_preset("tiny-gpt")
+    assert autocast_weight_copies(gpt, plan, 0) == 4 * (4 * 64 * 64 + 2 * 64 * 256) + 256 * 64
+    pp = ParallelPlan(dtype="bf16", pp=2, global_batch=8, seq_len=64, micro_batch=4)
+    assert autocast_weight_copies(gpt, pp, 0) == 2 * (4 * 64 * 64 + 2 * 64 * 256)
+    assert autocast_weight_copies(gpt, pp, 1) == 2 * (4 * 64 * 64 + 2 * 64 * 256) + 256 * 64
+    # the run's comparison adds them (2 bytes each) under autocast only: not in fp32, not
+    # under ZeRO (FSDP casts in its gather)
+    tiny = get_preset("tiny")
+    act = activation_bytes(tiny, plan, pp_rank=0, fused_norm=True, autocast=True)
+    got = predicted_rank_memory(tiny, plan, 0, 0)["activations"]
+    assert got == act + 2 * (4 * 36864 + 256 * 64)
+    for other in (plan.replace(dtype="fp32"), plan.replace(dp=2, zero=1, micro_batch=4)):
+        assert predicted_rank_memory(tiny, other, 0, 0)["activations"] == activation_bytes(
+            tiny, other, pp_rank=0, fused_norm=True, autocast=True)

@@ -391,6 +391,25 @@ def buffer_bytes(model: ModelSpec, plan: ParallelPlan, pp_rank: int = 0,
     return total
 
 
+def autocast_weight_copies(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> int:
+    """Elements of the 16-bit weight copies ``torch.autocast`` makes in one forward on pipeline
+    rank ``pp_rank`` under ZeRO-0 (ptd's runtime): every matrix a product reads -- the
+    blocks', this rank's ``E / ep`` routed experts (cast by hand,
+    ``runtime.model.moe.GroupedExperts``), the output layer's, and the token embedding where
+    the output product reads it (tied, one stage) -- but no embedding lookup and no vector.
+    Made in the forward and held by the backward, so they lie under the measured activation
+    peak; :func:`buffer_bytes` counts them (more roughly, every parameter) among buffers."""
+    first, last = P.ends_of(P.layout_key(plan))
+    tied_here = model.tied_embeddings and first == last == pp_rank
+    n = 0
+    for p in P.rank_params(model, plan, pp_rank):
+        if len(p.shape) < 2 or ("embeddings" in p.name and not (tied_here and p.name.startswith("tok"))):
+            continue
+        k = P._numel(p.local_shape(plan.tp, plan.tp_mode))
+        n += k // plan.ep if P.is_routed_expert(p) else k
+    return n
+
+
 def zero12_largest_unit(model: ModelSpec, plan: ParallelPlan) -> int:
     """Parameters of the largest ZeRO-1/2 FSDP unit without a pipeline (pp = 1): ``k``
     blocks, or the root's (the ``n_layers % k`` blocks left, embeddings, norm, output), or

@@ -59,7 +59,9 @@ def predict(model: Any, plan: Any, hardware: Any) -> Any:
 def predicted_rank_memory(model: Any, plan: Any, pp_rank: int, dp_rank: int,
                           hardware: Any = None) -> dict[str, float]:
     from ..cost.estimate import CostOptions, fused_norm
-    from ..cost.memory import activation_bytes, model_state_elements, state_bytes_per_param
+    from ..cost.memory import (activation_bytes, autocast_weight_copies, model_state_elements,
+                               state_bytes_per_param)
+    from ..specs.hardware import DTYPE_BYTES
     e = model_state_elements(model, plan, pp_rank, dp_rank)
     pb, gb, ob = state_bytes_per_param(plan.dtype, "ptd")
     d = {"params": e.params * pb, "grads": e.grads * gb, "optimizer": e.optimizer * ob}
@@ -68,6 +70,9 @@ def predicted_rank_memory(model: Any, plan: Any, pp_rank: int, dp_rank: int,
     # ptd's runtime: fp32 weights under autocast in bf16/fp16
     d["activations"] = activation_bytes(model, plan, pp_rank=pp_rank, fused_norm=fused,
                                         autocast=True)
+    ab = DTYPE_BYTES[plan.dtype]
+    if ab < 4 and plan.zero == 0:  # autocast's weight copies lie under the measured peak
+        d["activations"] += ab * autocast_weight_copies(model, plan, pp_rank)
     return d
 
 

@@ -126,6 +126,35 @@ def test_profile_from_timings_loads_and_carries_the_fits():
     old = profile_table(summarize(plan, results), get_hardware_preset("cpu"), "synth", "cpu",
                         8 * 2**30, "test")
     assert "eager_bandwidth_fraction" not in old
+    # a worker that timed ptd's own model's operators: that figure prices an operator, not
+    # the bare operators' mean (2 + 1 + 3 us at 2 workers: 4 above)
+    for r in results:
+        for n, c in r["compute"].items():
+            c["overhead"]["model"] = 9e-6 * int(n)
+    hw = hardware_from_dict(profile_table(summarize(plan, results), get_hardware_preset("cpu"),
+                                          "synth", "cpu", 8 * 2**30, "test"), "synth")
+    assert hw.op_overhead_at(2) == pytest.approx(18e-6, rel=1e-9)
+    assert hw.op_overhead == pytest.approx(9e-6, rel=1e-9)
+
+
+def test_op_model_keeps_the_architecture_at_negligible_widths():
+    from ptd.runtime.calibrate.workers import op_model
+    from ptd.specs.model import ModelSpec
+    # tiny-moe: grouped kv heads (8 over 4) -> 4 over 2; its 8 experts, top-2, SwiGLU, RoPE
+    m = ModelSpec(**op_model(get_preset("tiny-moe")))
+    assert (m.n_layers, m.hidden, m.n_heads, m.n_kv_heads, m.ffn_hidden, m.vocab_size) == \
+        (2, 64, 4, 2, 64, 256)
+    assert (m.n_experts, m.top_k, m.mlp, m.norm, m.position) == (8, 2, "swiglu", "rmsnorm", "rope")
+    # tiny-gpt: one kv head per head stays so; GELU, LayerNorm, learned positions, biases, tied
+    g = ModelSpec(**op_model(get_preset("tiny-gpt")))
+    assert (g.n_heads, g.n_kv_heads, g.mlp, g.norm, g.position, g.bias, g.tied_embeddings) == \
+        (4, 4, "gelu", "layernorm", "learned", True, True)
+    assert ModelSpec(**op_model()).mlp == "swiglu"  # no model: tiny's architecture
+    # every CPU plan carries one (the given model's, else tiny's); a GPU's none
+    assert make_plan([1], ["fp32"], True, "cpu")["op_model"] == op_model()
+    assert make_plan([1], ["fp32"], True, "cpu", op_spec=op_model(get_preset("tiny-moe"))) \
+        ["op_model"]["n_experts"] == 8
+    assert make_plan([1], ["bf16"], True, "cuda")["op_model"] is None
 
 
 def test_shape_sweep_is_stored_relative_to_the_fitted_rate():
@@ -245,6 +274,10 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
     for dt in ("fp32", "bf16"):
         assert set(hw.gemm_flops_measured[dt]) == {1, 2}
     assert set(hw.memory_bandwidth_measured) == {1, 2} == set(hw.op_overhead_measured)
+    # an operator priced at what ptd's own model's operators cost, measured beside the bare ones
+    ov = raw["summary"]["overhead"]
+    assert {int(n): v["model"] for n, v in ov.items()} == hw.op_overhead_measured
+    assert all(v["model"] > v["add"] for v in ov.values())
     # The rate is per worker, not the sum over workers: with one thread each, two workers
     # each run about as fast as one alone (ratio ~1 on a box with 2 cores or more), a sum
     # would read ~2. Loose, because the phases run seconds apart on a shared machine: CI

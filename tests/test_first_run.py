@@ -22,10 +22,10 @@ MARK = 1.234e11
 
 def fake_calibration(calls):
     def calibrate(workers, dtypes, quick, base, name, info, on_tick=lambda s: None,
-                  model_shapes=None, model_attention=None):
+                  model_shapes=None, model_attention=None, op_spec=None):
         calls.append({"workers": workers, "dtypes": dtypes, "quick": quick, "base": base,
                       "cpu": info["name"], "model_shapes": model_shapes,
-                      "model_attention": model_attention})
+                      "model_attention": model_attention, "op_spec": op_spec})
         on_tick("gemm")
         rates = {"fp32": MARK, "bf16": 5e9, "fp16": 5e9}
         return {"hardware": {"preset": base, "peak_flops": rates,

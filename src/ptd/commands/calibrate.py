@@ -133,12 +133,15 @@ def run(a: argparse.Namespace) -> int:
         workers, base, dtypes = a.workers or [1, 2, 4], a.base or "cpu", a.dtypes or ["fp32", "bf16"]
     shapes = model_shapes(a.model, a.tokens) if a.model else None
     att = model_attention_shapes(a.model, min(a.tokens, 2048)) if a.model else None
-    labels = stage_labels(make_plan(workers, dtypes, a.quick, info["device"], shapes, att))
+    from ..runtime.calibrate.workers import op_model
+    from ..specs.model import load_model
+    ops = op_model(load_model(a.model)) if a.model else None
+    labels = stage_labels(make_plan(workers, dtypes, a.quick, info["device"], shapes, att, ops))
     print(f"ptd calibrate: {info['device']} ({info['name']}), workers {workers}, dtypes {dtypes}"
           f"{', quick' if a.quick else ''}; {len(labels)} stages", file=sys.stderr)
     with _Progress(len(labels)) as tick:
         result = calibrate(workers, dtypes, a.quick, base, a.name, info, tick, model_shapes=shapes,
-                           model_attention=att)
+                           model_attention=att, op_spec=ops)
     from ..runtime.calibrate import write_profile
     write_profile(result, out)
     if a.out is None and a.name == "calibrated" and info["device"] == "cpu":
@@ -204,12 +207,14 @@ def render(result: dict, path: Path) -> str:
                   table(rows, header=("shape", "rate", "/ R"), align="lrr")]
     rows = [(n, si(m["copy"], "B/s"), si(m["add"], "B/s"), si(m["value"], "B/s"),
              si(m["activation"], "B/s") if "activation" in m else "-",
-             *([duration(s["overhead"][n][k]) for k in ("add", "view", "add_autograd", "value")]
-               if n in s["overhead"] else ["-"] * 4))
+             *([duration(s["overhead"][n][k]) if k in s["overhead"][n] else "-"
+                for k in ("add", "view", "add_autograd", "model", "value")]
+               if n in s["overhead"] else ["-"] * 5))
             for n, m in s["memory"].items()]
-    lines += ["", "memory bandwidth and operator overhead per worker, N at once",
+    lines += ["", "memory bandwidth and operator overhead per worker, N at once (op in model: "
+              "ptd's model forward and backward at 8 tokens, per operator)",
               table(rows, header=("N", "copy", "add", "kept", "SiLU fwd+bwd", "op add",
-                                  "op view", "op add+grad", "kept"))]
+                                  "op view", "op add+grad", "op in model", "kept"))]
     rows = [(dt, n, shape, si(a["flops_per_s"], "FLOP/s"), f"{a['ratio']:.2f}")
             for dt, per_n in s["attention"].items() for n, att in per_n.items()
             for shape, a in att.items()]

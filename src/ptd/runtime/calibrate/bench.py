@@ -112,6 +112,44 @@ def _memory(nel: int, device: torch.device, sync: Sync, T: float, rep: int) -> d
             "activation": sync.time(activation, T, rep)}
 
 
+def model_op_cost(fields: dict, sync: Sync, T: float, rep: int) -> float:
+    """Seconds per operator of ptd's own model (``fields``: :func:`.workers.op_model`, widths
+    too small for the work to count): one sequence of 8 tokens forward, loss and backward,
+    gradients cleared as the trainer clears them, over the operators it dispatches (counted
+    with a TorchDispatchMode, as :mod:`ptd.cost.compute`'s counts are). Python, the modules,
+    autograd and each operator's fixed cost together: about 3x a bare ``torch.add`` on the
+    CPUs of docs/calibration.md, whose mean priced an operator before (2026-11-27)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from ...specs.model import ModelSpec
+    from ..model.transformer import build_model
+    spec = ModelSpec(**fields)
+    torch.manual_seed(0)
+    model = build_model(spec, "cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02) if p.ndim > 1 else p.fill_(1.0)
+    params = list(model.parameters())
+    x = torch.randint(0, spec.vocab_size, (1, 8))
+    y = torch.randint(0, spec.vocab_size, (1, 8))
+
+    def step() -> None:
+        for p in params:
+            p.grad = None
+        logits = model(x)
+        F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1)).backward()
+
+    class _Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            _Count.n += 1
+            return func(*args, **(kwargs or {}))
+    step()
+    with _Count():
+        step()
+    return sync.time(step, T, rep) / max(1, _Count.n)
+
+
 def framework_overheads(sync: Sync, T: float, rep: int, n_tensors: int = 16) -> dict:
     """Seconds of framework overhead on a CPU (see ``HardwareSpec.overheads_measured``):
     an operator on a DTensor beyond a plain one, and one parameter tensor's share of the
@@ -182,6 +220,8 @@ def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
         out["overhead"] = {"add": sync.time(lambda: torch.add(one, two), T / 2, rep),
                            "view": sync.time(lambda: one.view(-1), T / 2, rep),
                            "add_autograd": sync.time(lambda: torch.add(leaf, two), T / 2, rep)}
+        if plan.get("op_model"):
+            out["overhead"]["model"] = model_op_cost(plan["op_model"], sync, T / 2, rep)
         out["framework"] = framework_overheads(sync, T / 2, rep)
         tick(f"overhead x{n}")
 

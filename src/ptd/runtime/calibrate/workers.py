@@ -21,11 +21,29 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"
 KiB, MiB = 2**10, 2**20
 
 
+def op_model(spec: Any = None) -> dict:
+    """The model whose forward and backward price one operator on a CPU
+    (:func:`ptd.runtime.calibrate.bench.model_op_cost`): ``spec``'s architecture -- its MLP,
+    norm, positions, biases, dropout and experts (count, top-k, shared, capacity) -- at
+    negligible widths (2 layers, hidden 64, 4 heads, 2 kv heads where it groups them, F 64,
+    vocabulary 256), so that its time is the operators' fixed cost, not their work; the
+    ``tiny`` preset's without a model. Fields, for the workers."""
+    import dataclasses
+    from ...specs import get_preset
+    s = spec or get_preset("tiny")
+    kv = 4 if s.n_kv_heads == s.n_heads else 2
+    return dataclasses.asdict(s.replace(name=f"{s.name}-ops", n_layers=2, hidden=64, n_heads=4,
+                                        n_kv_heads=kv, ffn_hidden=64, vocab_size=256,
+                                        max_seq_len=64))
+
+
 def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
               model_shapes: list[tuple[int, int, int]] | None = None,
-              model_attention: list[tuple[int, int, int, int]] | None = None) -> dict:
+              model_attention: list[tuple[int, int, int, int]] | None = None,
+              op_spec: dict | None = None) -> dict:
     """Sizes, windows and repeats: the default calibration is ~1.5 minutes on a 2-core CPU,
-    ``quick`` ~15 s. ``model_shapes``: products (m, n, k) of a model, measured beside the
+    ``quick`` ~15 s. ``op_spec``: :func:`op_model`'s fields (CPU; default the tiny
+    preset's). ``model_shapes``: products (m, n, k) of a model, measured beside the
     sweep; ``model_attention``: its attention shapes (b, heads, s, head_dim), measured beside
     the default ones (on the smallest worker count, like the sweep)."""
     cuda = device == "cuda"
@@ -66,6 +84,7 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
                 blocking_bytes=MiB,
                 gemm_sizes=gemm, attn_shapes=attn,
                 attn_model_shapes=_with_small_heads(list(model_attention or []), cuda),
+                op_model=None if cuda else (op_spec or op_model()),
                 coll_sizes=coll, kinds=list(KINDS),
                 group_sizes=group_sizes)
 

@@ -278,6 +278,9 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
     ov = raw["summary"]["overhead"]
     assert {int(n): v["model"] for n, v in ov.items()} == hw.op_overhead_measured
     assert all(v["model"] > v["add"] for v in ov.values())
+    # each parameter's share of the optimizer phase, beside the per-tensor one
+    assert set(hw.overheads_measured["optimizer_param"]) == {1, 2}
+    assert all(0 < v < 1e-6 for v in hw.overheads_measured["optimizer_param"].values())
     # The rate is per worker, not the sum over workers: with one thread each, two workers
     # each run about as fast as one alone (ratio ~1 on a box with 2 cores or more), a sum
     # would read ~2. Loose, because the phases run seconds apart on a shared machine: CI

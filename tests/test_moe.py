@@ -450,6 +450,14 @@ def test_optimizer_prices_expert_dtensors_under_ep_alone_by_hand():
     assert optimizer_time(m, plan.replace(ep=1), cluster, mbt)[0] == pytest.approx(44 * 1e-4)
     # under ZeRO every parameter is a DTensor already: all 44 at the DTensor cost
     assert optimizer_time(m, plan.replace(zero=1), cluster, mbt)[0] == pytest.approx(44 * 5e-4)
+    # a measured cost per parameter: the rank's 281,152 -- embedding and output 256 x 64
+    # each, the final norm 64, and per layer two norms (128), q k v o (12,288), the router
+    # (512) and half of the experts' 3 x 8 x 64 x 64 (49,152)
+    per = dataclasses.replace(hw, overheads_measured=dict(hw.overheads_measured,
+                                                          optimizer_param={1: 1e-9}))
+    local = 2 * 256 * 64 + 64 + 4 * (128 + 12288 + 512 + 49152)
+    assert optimizer_time(m, plan, ClusterSpec(per, 1), mbt)[0] == pytest.approx(
+        32 * 1e-4 + 12 * 5e-4 + local * 1e-9)
 
 
 def test_experts_run_in_the_autocast_dtype(monkeypatch):

@@ -199,6 +199,9 @@ def test_optimizer_time():
     assert C.optimizer_time(1000, 10, hw, bw=1000.0, per_tensor=0.5) == pytest.approx(37.0)
     # offload: + 8*1000/8000 = 1
     assert C.optimizer_time(1000, 10, hw, offload=True, bw=1000.0, per_tensor=0.5) == pytest.approx(38.0)
+    # a measured cost per parameter replaces the bytes: 1000 * 0.002 = 2 s, + 10 * 0.5
+    assert C.optimizer_time(1000, 10, hw, bw=1000.0, per_tensor=0.5, per_param=0.002) == \
+        pytest.approx(7.0)
 
 
 # ------------------------------------------------------------------ whole phases

@@ -130,7 +130,8 @@ def _mbt(nl, wait=0.0):
 def _record_optimizer(monkeypatch, local=1200):
     seen = []
 
-    def opt(local_params, n_tensors, hw, offload=False, bw=None, overhead=None, per_tensor=None):
+    def opt(local_params, n_tensors, hw, offload=False, bw=None, overhead=None, per_tensor=None,
+            per_param=None):
         seen.append((local_params, n_tensors, per_tensor))
         return 1.0
     monkeypatch.setattr(C, "optimizer_time", opt)

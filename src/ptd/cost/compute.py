@@ -477,20 +477,22 @@ def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype:
 
 def optimizer_time(local_params: float, n_tensors: int, hw: HardwareSpec, offload: bool = False,
                    bw: float | None = None, overhead: float | None = None,
-                   per_tensor: float | None = None) -> float:
+                   per_tensor: float | None = None, per_param: float | None = None) -> float:
     """AdamW over the rank's own parameters: memory-bound, reading parameter, gradient and
     both moments and writing parameter and moments (28 bytes per fp32 parameter), plus the
     gradient-norm pass (4 bytes). With offload, gradients go to the host and parameters come
     back over the host link, and the update runs on host memory at the same byte count.
     ``per_tensor``: the measured framework cost per parameter tensor of the whole phase
     (norm, clipping, AdamW: ``overheads_measured``), else ``OPS_OPTIMIZER_PER_TENSOR``
-    operators at ``overhead`` each."""
+    operators at ``overhead`` each. ``per_param``: the measured seconds each parameter adds
+    to the phase (a CPU's unfused AdamW, ``overheads_measured``), in place of the bytes."""
     nbytes = 32.0 * local_params
     bw = bw or hw.effective_memory_bandwidth
     overhead = hw.op_overhead if overhead is None else overhead
     if per_tensor is None:  # not calibrated: the operators alone
         per_tensor = OPS_OPTIMIZER_PER_TENSOR * overhead
-    t = nbytes / bw + n_tensors * per_tensor
+    work = local_params * per_param if per_param is not None else nbytes / bw
+    t = work + n_tensors * per_tensor
     if offload:
         t += 8.0 * local_params / hw.host_bandwidth
     return t

@@ -363,7 +363,7 @@ def optimizer_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, m
     dtensor_params = plan.tp > 1 or plan.zero >= 1  # FSDP's shards are DTensors
     per_tensor = cluster.overhead("optimizer_tensor_dtensor" if dtensor_params else "optimizer_tensor")
     optimizer = C.optimizer_time(opt_params, n_tensors, hw, plan.offload, cluster.memory_bandwidth,
-                                 cluster.op_overhead, per_tensor)
+                                 cluster.op_overhead, per_tensor, cluster.overhead("optimizer_param"))
     if plan.ep > 1 and not dtensor_params:
         # expert parallelism alone: the routed experts are DTensors (sharded over ep), the
         # rest plain -- each expert tensor pays the DTensor phase's cost instead

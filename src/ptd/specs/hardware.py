@@ -156,9 +156,11 @@ class HardwareSpec:
     once: ``dtensor_op`` (one operator on a ``DTensor`` beyond the same operator on a plain
     tensor: sharding propagation and wrapping), ``optimizer_tensor`` (one parameter tensor's
     share of the optimizer phase -- gradient-norm, clipping, single-tensor AdamW -- on plain
-    tensors) and ``optimizer_tensor_dtensor`` (the same on DTensor parameters, as FSDP and
-    tensor parallelism make them). Absent: 0 for ``dtensor_op``, operator counts times
-    ``op_overhead`` for the optimizer. A ``blocking_collective`` entry (one wait per
+    tensors), ``optimizer_tensor_dtensor`` (the same on DTensor parameters, as FSDP and
+    tensor parallelism make them) and ``optimizer_param`` (what each parameter adds to that
+    phase, timed on 256 x 256 tensors; it replaces the bytes at the copy bandwidth). Absent:
+    0 for ``dtensor_op``, operator counts times ``op_overhead`` and bytes over the bandwidth
+    for the optimizer. A ``blocking_collective`` entry (one wait per
     collective, whatever the chunk before it) is used only where ``blocking_wait_measured``
     is absent."""
     blocking_wait_measured: dict[int, tuple[tuple[float, float], ...]] = field(

@@ -150,6 +150,10 @@ def model_op_cost(fields: dict, sync: Sync, T: float, rep: int) -> float:
     return sync.time(step, T, rep) / max(1, _Count.n)
 
 
+OPT_SIDE = 256
+"""Side of the square parameters whose optimizer phase gives ``optimizer_param``."""
+
+
 def framework_overheads(sync: Sync, T: float, rep: int, n_tensors: int = 16) -> dict:
     """Seconds of framework overhead on a CPU (see ``HardwareSpec.overheads_measured``):
     an operator on a DTensor beyond a plain one, and one parameter tensor's share of the
@@ -170,10 +174,10 @@ def framework_overheads(sync: Sync, T: float, rep: int, n_tensors: int = 16) -> 
         plain = sync.time(lambda: (torch.add(one, two), one.mul_(1.0)), T, rep)
         dt = sync.time(lambda: (torch.add(d_one, d_two), d_one.mul_(1.0)), T, rep)
 
-        def opt_time(make: Callable[[torch.Tensor], torch.Tensor]) -> float:
-            params = [torch.nn.Parameter(make(torch.randn(8, 8))) for _ in range(n_tensors)]
+        def opt_time(make: Callable[[torch.Tensor], torch.Tensor], side: int = 8) -> float:
+            params = [torch.nn.Parameter(make(torch.randn(side, side))) for _ in range(n_tensors)]
             for p in params:
-                p.grad = make(torch.randn(8, 8)) * 10  # norm > 1: clipping scales
+                p.grad = make(torch.randn(side, side)) * 10  # norm > 1: clipping scales
             opt = torch.optim.AdamW(params, lr=1e-4, foreach=False)
 
             def phase() -> None:
@@ -182,8 +186,16 @@ def framework_overheads(sync: Sync, T: float, rep: int, n_tensors: int = 16) -> 
                 opt.step()
             phase()
             return sync.time(phase, T, rep) / n_tensors
+        per_tensor = opt_time(lambda t: t)
+        # the same phase on tensors of 256 x 256 (the default CPU model's size): what each
+        # parameter adds. Unfused AdamW runs eight operators over a tensor (84 bytes a
+        # parameter, and 20 for the norm and clipping), and a tensor this size stays in the
+        # cache between them, so a count of bytes at the copy bandwidth does not price it
+        # (docs/measuring.md, "The optimizer phase on a CPU")
+        per_param = max(0.0, opt_time(lambda t: t, OPT_SIDE) - per_tensor) / OPT_SIDE**2
         return {"dtensor_op": max(0.0, (dt - plain) / 2),
-                "optimizer_tensor": opt_time(lambda t: t),
+                "optimizer_tensor": per_tensor,
+                "optimizer_param": per_param,
                 "optimizer_tensor_dtensor": opt_time(lambda t: distribute_tensor(t, mesh, [Replicate()]))}
     finally:
         if made:

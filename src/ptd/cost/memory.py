@@ -58,6 +58,7 @@ micro-batches on every rank.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Iterable, Literal
 
@@ -405,7 +406,7 @@ def autocast_weight_copies(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -
     for p in P.rank_params(model, plan, pp_rank):
         if len(p.shape) < 2 or ("embeddings" in p.name and not (tied_here and p.name.startswith("tok"))):
             continue
-        k = P._numel(p.local_shape(plan.tp, plan.tp_mode))
+        k = math.prod(p.local_shape(plan.tp, plan.tp_mode))
         n += k // plan.ep if P.is_routed_expert(p) else k
     return n
 

@@ -65,7 +65,8 @@ def test_pipeline_point_to_point_count_by_hand(monkeypatch):
     inter = ParallelPlan(dp=1, tp=1, pp=2, vpp=2, schedule="interleaved-1f1b", micro_batch=1,
                          global_batch=2, seq_len=8, dtype="fp32")
     assert S.pipeline(LLAMA, inter, ClusterSpec(GPU, 2), mbt, 0.0)[1] == 2560.0
-    assert S.pipeline(LLAMA, inter.replace(global_batch=4), ClusterSpec(GPU, 2), mbt, 0.0)[1] == 4608.0
+    m4 = inter.replace(global_batch=4)
+    assert S.pipeline(LLAMA, m4, ClusterSpec(GPU, 2), mbt, 0.0)[1] == 4608.0
 
 
 # A CPU whose 4 workers share cores: per-worker matmul rates measured with 1, 2 and 4 at
@@ -87,10 +88,11 @@ def test_pipeline_bubble_with_shared_cores_by_hand(monkeypatch):
     monkeypatch.setattr(S, "_coll", _bytes_as_seconds([]))
     cluster = ClusterSpec(SHARED, 4, 4)
     plan = ParallelPlan(dp=1, tp=1, pp=4, micro_batch=1, global_batch=1, seq_len=8, dtype="fp32")
-    bubble, _ = S.pipeline(LLAMA, plan, cluster, _mbt(1.0, 2.0, 0.5, 0.25, 0.125), 0.0)
+    mbt = _mbt(1.0, 2.0, 0.5, 0.25, 0.125)
+    bubble, _ = S.pipeline(LLAMA, plan, cluster, mbt, 0.0)
     assert bubble == exact(0.7 + 1.125)
     # the same pipeline on a GPU (no sharing): fill * (c_mb + tf + tb) = 3 * 3.875
-    gpu_bubble, _ = S.pipeline(LLAMA, plan, ClusterSpec(GPU, 4), _mbt(1.0, 2.0, 0.5, 0.25, 0.125), 0.0)
+    gpu_bubble, _ = S.pipeline(LLAMA, plan, ClusterSpec(GPU, 4), mbt, 0.0)
     assert gpu_bubble == exact(3 * 3.875)
 
 

@@ -11,26 +11,10 @@ from __future__ import annotations
 import pytest
 
 from ptd.cost import compute as C
-from ptd.specs.hardware import HardwareSpec, LinkSpec
-from ptd.specs.model import ModelSpec
+
+from test_mut_cost_compute import GELU_LN, _hw, _model  # the same small model and device
 
 
-def _model(**kw) -> ModelSpec:
-    base = dict(name="t", n_layers=2, hidden=64, n_heads=4, n_kv_heads=4, ffn_hidden=128,
-                vocab_size=1000, max_seq_len=128)
-    base.update(kw)
-    return ModelSpec(**base)
-
-
-def _hw(**kw) -> HardwareSpec:
-    link = LinkSpec(bandwidth=1e9, latency=1e-6)
-    base = dict(name="h", peak_flops={"fp32": 1e12, "bf16": 1e12}, memory_bytes=1e9,
-                memory_bandwidth=1e9, intra_node=link, inter_node=link)
-    base.update(kw)
-    return HardwareSpec(**base)
-
-
-GELU_LN = dict(mlp="gelu", norm="layernorm", position="learned")
 
 
 # Catches: compute.py:95 ``shared_bias = ... if model.bias else 0`` with the 0 replaced

@@ -12,28 +12,15 @@ import pytest
 
 from ptd.cost import compute as C
 from ptd.cost import step as S
-from ptd.specs.hardware import ClusterSpec, load_hardware
-from ptd.specs.model import ModelSpec
+from ptd.specs.hardware import ClusterSpec
 from ptd.specs.plan import ParallelPlan
+
+# the same small Llama, GPU preset and stand-in collective
+from test_mut_cost_step import GPU, LLAMA, _bytes_as_seconds
 
 
 def exact(x):
     return pytest.approx(x, rel=1e-12, abs=0)
-
-
-LLAMA = ModelSpec(name="l", n_layers=4, hidden=8, n_heads=2, n_kv_heads=2, ffn_hidden=16,
-                  vocab_size=128, max_seq_len=64, mlp="swiglu", norm="rmsnorm",
-                  position="rope", tied_embeddings=False, bias=False)
-
-GPU = load_hardware("h100-sxm")  # no calibrated waits or overheads: blocking waits are 0
-
-
-def _bytes_as_seconds(calls):
-    """A stand-in collective: ``nbytes`` seconds, every call recorded."""
-    def coll(kind, nbytes, n, hw, nodes=1, per_node=None):
-        calls.append((kind, nbytes, n, nodes, per_node))
-        return float(nbytes)
-    return coll
 
 
 def _mbt(f, b, rc, tf, tb, nl=1):

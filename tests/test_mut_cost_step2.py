@@ -12,7 +12,7 @@ import pytest
 
 from ptd.cost import compute as C
 from ptd.cost import step as S
-from ptd.specs.hardware import ClusterSpec
+from ptd.specs.hardware import ClusterSpec, load_hardware
 from ptd.specs.plan import ParallelPlan
 
 # the same small Llama, GPU preset and stand-in collective

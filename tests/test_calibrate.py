@@ -278,6 +278,11 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
     ov = raw["summary"]["overhead"]
     assert {int(n): v["model"] for n, v in ov.items()} == hw.op_overhead_measured
     assert all(v["model"] > v["add"] for v in ov.values())
+    # an operator on a DTensor, timed in ptd's own tensor-parallel model (on a one-rank mesh,
+    # against the same model without tp): sharding propagation and wrapping cost more than a
+    # whole plain operator of that model (17x on this CPU, docs/calibration.md)
+    assert all(hw.overheads_measured["dtensor_op"][n] > hw.op_overhead_measured[n]
+               for n in (1, 2))
     # each parameter's share of the optimizer phase, beside the per-tensor one
     assert set(hw.overheads_measured["optimizer_param"]) == {1, 2}
     assert all(0 < v < 1e-6 for v in hw.overheads_measured["optimizer_param"].values())

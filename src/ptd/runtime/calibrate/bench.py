@@ -154,9 +154,57 @@ OPT_SIDE = 256
 """Side of the square parameters whose optimizer phase gives ``optimizer_param``."""
 
 
-def framework_overheads(sync: Sync, T: float, rep: int, n_tensors: int = 16) -> dict:
+def model_dtensor_cost(fields: dict, sync: Sync, T: float, rep: int) -> float:
+    """Seconds each operator on a DTensor adds in ptd's own tensor-parallel model
+    (``fields``: :func:`.workers.op_model`): one block, then the output layer with the loss,
+    forward and backward on 8 tokens, with tensor parallelism applied on a one-rank mesh
+    against the same model without it, over the operators on DTensors counted in it (the
+    counter behind the cost model's ``OPS_TP_*``, ``ptd.runtime.measure.opcount``). Sharding
+    propagation, redistribution and wrapping, as a tensor-parallel run pays them: ~10x a
+    1-element add on a replicated DTensor, which priced them before (2026-11-27). Needs a
+    process group (a world of one)."""
+    import contextlib
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import loss_parallel
+    from ...specs import ParallelPlan
+    from ...specs.model import ModelSpec
+    from ..measure.opcount import DTensorOpCounter
+    from ..model.init import materialize
+    from ..model.transformer import build_model, lm_loss_sum
+    from ..parallel.tp import apply_tp
+    spec = ModelSpec(**fields)
+
+    def build(tp: bool) -> torch.nn.Module:
+        model = build_model(spec, "meta")
+        if tp:
+            apply_tp(model, init_device_mesh("cpu", (1,)), ParallelPlan(tp=1, seq_len=8))
+        materialize(model, torch.device("cpu"), seed=0)
+        return model
+    x = torch.randn(1, 8, spec.hidden, requires_grad=True)
+    h = torch.randn(1, 8, spec.hidden, requires_grad=True)
+    t = torch.randint(0, spec.vocab_size, (1, 8))
+
+    def once(model: torch.nn.Module, loss_ctx: Callable[[], Any]) -> None:
+        rope = (model.rope_cos, model.rope_sin) if model.rope_cos is not None else None
+        y = model.layers["0"](x, rope)
+        y.backward(torch.ones_like(y))
+        with loss_ctx():
+            lm_loss_sum(model.output(model.norm(h)), t).backward()
+    plain, tp = build(False), build(True)
+    once(tp, loss_parallel)
+    with DTensorOpCounter() as c:
+        once(tp, loss_parallel)
+    extra = (sync.time(lambda: once(tp, loss_parallel), T, rep)
+             - sync.time(lambda: once(plain, contextlib.nullcontext), T, rep))
+    return max(0.0, extra) / max(1, c.dtensor)
+
+
+def framework_overheads(sync: Sync, T: float, rep: int, n_tensors: int = 16,
+                        op_fields: dict | None = None) -> dict:
     """Seconds of framework overhead on a CPU (see ``HardwareSpec.overheads_measured``):
-    an operator on a DTensor beyond a plain one, and one parameter tensor's share of the
+    an operator on a DTensor beyond a plain one (in ptd's own tensor-parallel model where
+    ``op_fields`` name it: :func:`model_dtensor_cost`; else a 1-element add and an in-place
+    product on a replicated DTensor), and one parameter tensor's share of the
     trainer's optimizer phase (global gradient norm, clipping, single-tensor AdamW) on plain
     and on DTensor parameters. DTensors live on a one-rank mesh of a private process group
     (made and destroyed here, before the collectives' group exists)."""
@@ -193,7 +241,9 @@ def framework_overheads(sync: Sync, T: float, rep: int, n_tensors: int = 16) -> 
         # cache between them, so a count of bytes at the copy bandwidth does not price it
         # (docs/measuring.md, "The optimizer phase on a CPU")
         per_param = max(0.0, opt_time(lambda t: t, OPT_SIDE) - per_tensor) / OPT_SIDE**2
-        return {"dtensor_op": max(0.0, (dt - plain) / 2),
+        dtensor_op = (model_dtensor_cost(op_fields, sync, T, rep) if op_fields
+                      else max(0.0, (dt - plain) / 2))
+        return {"dtensor_op": dtensor_op,
                 "optimizer_tensor": per_tensor,
                 "optimizer_param": per_param,
                 "optimizer_tensor_dtensor": opt_time(lambda t: distribute_tensor(t, mesh, [Replicate()]))}
@@ -234,7 +284,7 @@ def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
                            "add_autograd": sync.time(lambda: torch.add(leaf, two), T / 2, rep)}
         if plan.get("op_model"):
             out["overhead"]["model"] = model_op_cost(plan["op_model"], sync, T / 2, rep)
-        out["framework"] = framework_overheads(sync, T / 2, rep)
+        out["framework"] = framework_overheads(sync, T / 2, rep, op_fields=plan.get("op_model"))
         tick(f"overhead x{n}")
 
     for dt in plan["dtypes"]:

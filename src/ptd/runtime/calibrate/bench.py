@@ -119,15 +119,13 @@ def model_op_cost(fields: dict, sync: Sync, T: float, rep: int) -> float:
     with a TorchDispatchMode, as :mod:`ptd.cost.compute`'s counts are). Python, the modules,
     autograd and each operator's fixed cost together: about 3x a bare ``torch.add`` on the
     CPUs of docs/calibration.md, whose mean priced an operator before (2026-11-27)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
     from ...specs.model import ModelSpec
+    from ..measure.opcount import OpCounter
+    from ..model.init import materialize
     from ..model.transformer import build_model
     spec = ModelSpec(**fields)
-    torch.manual_seed(0)
-    model = build_model(spec, "cpu")
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.02) if p.ndim > 1 else p.fill_(1.0)
+    model = build_model(spec, "meta")
+    materialize(model, torch.device("cpu"), seed=0)
     params = list(model.parameters())
     x = torch.randint(0, spec.vocab_size, (1, 8))
     y = torch.randint(0, spec.vocab_size, (1, 8))
@@ -137,17 +135,10 @@ def model_op_cost(fields: dict, sync: Sync, T: float, rep: int) -> float:
             p.grad = None
         logits = model(x)
         F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1)).backward()
-
-    class _Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            _Count.n += 1
-            return func(*args, **(kwargs or {}))
     step()
-    with _Count():
+    with OpCounter() as c:
         step()
-    return sync.time(step, T, rep) / max(1, _Count.n)
+    return sync.time(step, T, rep) / max(1, c.total)
 
 
 OPT_SIDE = 256

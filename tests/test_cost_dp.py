@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import cluster
+from helpers import cluster, gpt
+from ptd.specs import load_hardware
 from ptd.cost.dp import dp_terms
 from ptd.specs import ParallelPlan, get_preset
 
@@ -255,3 +256,82 @@ def test_ptd_reduces_model_parallel_zero0_gradients_after_the_backward():
     dp8 = tp2.replace(dp=8, tp=1, global_batch=32)
     plain = estimate(m, c, dp8, options=stack_options("ptd")).step
     assert plain.dp_comm_exposed < plain.dp_comm_total
+
+
+def _late_peer_cpu(workers: int) -> "ClusterSpec":  # noqa: F821
+    """A CPU whose calibrated late-peer wait is 1 ms plus the chunk of computation before
+    the collective (two points, interpolated linearly): wait(c) = 1e-3 + c."""
+    import dataclasses
+    from ptd.specs.hardware import ClusterSpec
+    hw = dataclasses.replace(load_hardware("cpu"),
+                             blocking_wait_measured={workers: [[0.0, 1e-3], [1.0, 1.001]]})
+    return ClusterSpec(hw, workers, workers)
+
+
+def test_zero3_on_a_cpu_hides_nothing_and_each_collective_waits_for_late_peers() -> None:
+    # FSDP2 overlaps through CUDA streams; on a CPU its gathers and reductions block the
+    # thread that issues them (torch 2.13 _fsdp_param_group.py: unshard_async_op False;
+    # _fsdp_collectives.foreach_reduce: no async_op), so all of it is exposed, and each call
+    # waits for its peers after the computation before it: w(c) = 1e-3 + c here.
+    # TINY: 4 blocks; m = 8 / (4 x 1) = 2; block forward 10 ms, backward 20 ms, no tp.
+    # Calls, in order (w0 = w(0) = 1 ms, wf = w(0.01) = 11 ms, wb = w(0.02) = 21 ms):
+    #   each forward: root, block 0 back to back, blocks 1-3 after a block: 2 w0 + 3 wf
+    #   first backward: root, block 3 back to back, blocks 2-0 after a block: 2 w0 + 3 wb
+    #   last backward: root and block 3 gathered (2 w0); each block reduced after its
+    #   backward (4 wb), blocks 2-0 gathered right after (3 w0), the root reduced last (w0)
+    # = 2 x 0.035 + 0.065 + (0.006 + 0.084) = 0.225 s
+    p = ParallelPlan(dp=4, zero=3, micro_batch=1, global_batch=8, dtype="bf16")
+    m = mb(nl=4, block=blk(0.01, 0.02))
+    t = dp_terms(TINY, p, _late_peer_cpu(4), m, (4, 1, 4), by_kind, True, True)
+    ag, ar = 1.5 * 2 * 36_992 / 1e9, 2 * 4 * 36_992 / 1e9  # gloo: an all-reduce of fp32
+    assert t.total == pytest.approx(2 * 2 * 4 * ag + 4 * ar)
+    assert t.exposed == pytest.approx(t.total + 0.225)
+    # the same plan on GPUs hides the gathers behind the blocks and pays no wait
+    g = dp_terms(TINY, p, GPU, m, (4, 1, 4), by_kind, True, True)
+    assert g.exposed < g.total
+
+
+# GPT, 7 blocks of hidden 448: about 12 x 448^2 = 2.41M parameters, 9.6 MB of fp32 a block,
+# so a 25 MiB ZeRO-1/2 unit takes 3 blocks (28.9 MB; 2 make 19.3): 2 units, 1 block left
+# to the root.
+G7 = gpt(7, 448, 7, V=256, S=256)
+
+
+@pytest.mark.parametrize("model, nl, zero, waits", [
+    # TINY's 4 blocks fill no unit: the root holds them all. Gathered once, opening the
+    # step: w0 = 0.001; reduced after all 4 blocks' backward: w(0.08) = 0.081, in both
+    # micro-batches (ZeRO-2) or the last (ZeRO-1).
+    (TINY, 4, 2, 0.001 + 2 * 0.081),
+    (TINY, 4, 1, 0.001 + 0.081),
+    # G7: root w0, unit 0 right after (w0), unit 1 after unit 0's 3 blocks w(0.03): 0.033;
+    # reductions: unit 1 after the root's block and its own 3 (w(0.08) = 0.081), unit 0
+    # after its 3 (w(0.06) = 0.061), the root right after (0.001): 0.143 a reduction pass
+    (G7, 7, 2, 0.033 + 2 * 0.143),
+    (G7, 7, 1, 0.033 + 0.143),
+])
+def test_zero12_on_a_cpu_hides_nothing_and_each_collective_waits(model, nl, zero, waits) -> None:  # noqa: ANN001
+    from ptd.cost import params as P
+    # the unit sizes the arithmetic above assumes
+    assert P.zero12_unit_blocks(model, 1, 1) == {4: 178, 7: 3}[nl]
+    p = ParallelPlan(dp=4, zero=zero, micro_batch=1, global_batch=8, dtype="bf16")
+    t = dp_terms(model, p, _late_peer_cpu(4), mb(nl=nl, block=blk(0.01, 0.02)), (4, 1, 4),
+                 by_kind, True, True)
+    assert t.exposed == pytest.approx(t.total + waits)
+
+
+def test_ddp_on_a_cpu_still_overlaps_its_buckets() -> None:
+    # DDP's reducer runs its bucket all-reduces asynchronously (gloo's threads), so the
+    # CPU path changes nothing for ZeRO-0: the one bucket of the tiny model is exposed, no wait
+    p = ParallelPlan(dp=4, zero=0, global_batch=8)
+    t = dp_terms(TINY, p, _late_peer_cpu(4), mb(b=10.0), (4, 1, 4), coll, True, True)
+    assert t.exposed == pytest.approx(723.2e-6) and t.total == pytest.approx(723.2e-6)
+
+
+def test_zero2_on_a_cpu_under_a_pipeline_reduces_back_to_back_at_the_end() -> None:
+    # G7 over pp 2: the rank's 4 blocks (its share of 7) make 1 unit of 3 and 1 root
+    # block. Gathers: root w0, unit 0 right after w0; the schedule defers the root's and the
+    # unit's reductions to its end, one after the other: 2 w0. 4 x 1 ms in all.
+    p = ParallelPlan(dp=2, pp=2, zero=2, micro_batch=1, global_batch=4, dtype="bf16")
+    t = dp_terms(G7, p, _late_peer_cpu(4), mb(nl=4, block=blk(0.01, 0.02)), (2, 1, 2),
+                 by_kind, True, True)
+    assert t.exposed == pytest.approx(t.total + 0.004)

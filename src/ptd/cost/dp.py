@@ -5,7 +5,9 @@ DDP reduces buckets as gradients become ready; FSDP (ZeRO-1/2/3) reduce-scatters
 block's gradients while the previous block computes and prefetches each block's parameters
 one block ahead. Exposed is what does not fit behind the last micro-batch's backward, and
 never less than the last bucket or block; with ``dp_overlap=False`` (frameworks that reduce
-after backward) all of it is exposed.
+after backward) all of it is exposed. On a CPU none of FSDP's communication hides (it
+overlaps through CUDA streams) and each of its collectives waits for late peers
+(:func:`_cpu_late_peers`); DDP's buckets still overlap there (gloo's threads).
 """
 
 from __future__ import annotations
@@ -91,9 +93,20 @@ def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
     else:
         blk_f = blk_b = 0.0
     if plan.zero < 3:
-        return _zero12(model, plan, hw, nl, blk_f, blk_b, rs_kind, group, coll)
-    if zero3_gather == "param-sync":
+        terms = _zero12(model, plan, hw, nl, blk_f, blk_b, rs_kind, group, coll)
+    elif zero3_gather == "param-sync":
         return _zero3_per_param(model, plan, hw, nl, blk_b, rs_block, group, coll)
+    else:
+        terms = _zero3_units(plan, nl, m, ag_block, rs_block, blk_f, blk_b)
+    if hw.kind == "cpu":
+        return DpTerms(terms.total, terms.total + _cpu_late_peers(model, plan, cluster, mbt,
+                                                                   recompute_early_stop), 0.0)
+    return terms
+
+
+def _zero3_units(plan: ParallelPlan, nl: int, m: int, ag_block: float, rs_block: float,
+                 blk_f: float, blk_b: float) -> DpTerms:
+    """ZeRO-3 with one FSDP unit per block, gathers prefetched one block ahead (GPUs)."""
     hidden_ag = max(0.0, ag_block - blk_f)  # prefetch one block ahead
     total = 2 * m * nl * ag_block + nl * rs_block  # ZeRO-3 gathers again for the backward
     exposed = m * (ag_block + (nl - 1) * hidden_ag)
@@ -103,6 +116,55 @@ def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
     exposed += (m - 1) * nl * max(0.0, ag_block - blk_b)
     exposed += nl * max(0.0, ag_block + rs_block - blk_b) + rs_block
     return DpTerms(total, exposed, 0.0)
+
+
+def _cpu_late_peers(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
+                    recompute_early_stop: bool) -> float:
+    """On a CPU nothing of FSDP's communication hides: FSDP2 overlaps its collectives with
+    computation through CUDA streams, and a CPU has none. Its implicit prefetch issues each
+    unit's all-gather on "the all-gather stream" with ``async_op=False``
+    (``FSDPParamGroup.unshard_async_op`` defaults to False), and ``foreach_reduce`` calls
+    the reduce-scatter without ``async_op`` on "the reduce-scatter stream"
+    (torch 2.13, ``distributed/fsdp/_fully_shard/_fsdp_param_group.py`` and
+    ``_fsdp_collectives.py``); on a CPU those stream contexts are no-ops, so every gather
+    and every gradient reduction runs to its end on the thread that issued it, between two
+    blocks' computation. Each is then a blocking collective after a chunk of computation,
+    as tensor parallelism's all-reduces are, and pays the same calibrated late-peer wait
+    (``ClusterSpec.blocking_wait``; 0 where not calibrated). This returns the waits; the
+    collectives themselves are all exposed.
+
+    Each call waits ``w(c)``, ``c`` the computation since the rank's previous collective: a
+    block's (or a unit's) forward or backward between two blocks' collectives, 0 where two
+    follow each other or only the root's layers (embedding, output layer) lie between; the
+    first gather of a step is priced as following nothing. FSDP gathers the root's unit
+    (embedding, final norm, output layer and the blocks no unit holds) before each
+    forward and each backward. ZeRO-3 (a unit per block): each micro-batch's forward
+    gathers the root and block 0 back to back, every later block after the block before
+    it; its backward gathers the root and the last block back to back, every earlier block
+    after the later block's backward, except in the last micro-batch, where each block's
+    gradients are reduced after its backward and the next gather follows that reduction,
+    and the root's gradients are reduced at the end. ZeRO-1/2 (``nl // k`` units of ``k``
+    blocks, :func:`_zero12`) gather once a step -- the root, unit 0 after it, each later unit
+    after the unit before -- and reduce each unit's gradients after its backward (the
+    last unit's after the root's left-over blocks too), the root's at the end: ZeRO-2 in
+    every micro-batch, ZeRO-1 in the last; under a pipeline all at the end of the
+    schedule, back to back."""
+    w = cluster.blocking_wait
+    m, nl, blk = plan.n_microbatches, mbt.nl, mbt.blk
+    f = blk.forward + 2 * (mbt.ar + mbt.wait)
+    b = blk.backward + blk.recompute(plan.recompute, recompute_early_stop) + 2 * (mbt.ar + mbt.wait)
+    w0 = w(0.0)
+    if plan.zero >= 3:
+        return (m * (2 * w0 + (nl - 1) * w(f)) + (m - 1) * (2 * w0 + (nl - 1) * w(b))
+                + (nl + 2) * w0 + nl * w(b))
+    k = P.zero12_unit_blocks(model, plan.tp, plan.ep)
+    n_units = nl // k
+    left = nl - n_units * k  # the root's blocks
+    gathers = w0 + (w0 + (n_units - 1) * w(k * f) if n_units else 0.0)
+    if plan.pp > 1:
+        return gathers + (n_units + 1) * w0
+    reduce = (w((left + k) * b) + (n_units - 1) * w(k * b) + w0 if n_units else w(nl * b))
+    return gathers + (plan.n_microbatches if plan.zero == 2 else 1) * reduce
 
 
 def _zero12(model: ModelSpec, plan: ParallelPlan, hw: Any, nl: int, blk_f: float, blk_b: float,

@@ -109,6 +109,14 @@ def test_zero12_units_of_one_block_hide_behind_their_neighbours() -> None:
         assert t.exposed == pytest.approx(t.total)  # without overlap all of it shows
 
 
+# The root's unit of TINY: 180,800 - 4 x 36,992 = 32,832 parameters (embedding and output
+# layer 256 x 64 each, final norm 64). Resharded after the forward like the blocks, it is
+# gathered to open each micro-batch's forward and again its backward, and reduced after the
+# last backward, none of it hidden: with 2 micro-batches and the ``coll`` stand-in, 4
+# gathers of 2 x 32,832 B (65.664 us + 1 ms) and a reduce-scatter of 4 x 32,832 B.
+ROOT = 4 * (65.664e-6 + 1e-3) + 131.328e-6
+
+
 def test_zero3_gathers_twice_and_hides_behind_blocks() -> None:
     # m = 2 micro-batches (global batch 8 over dp 4, micro-batch 1), 4 blocks. Per block:
     # gather 2 * 36,992 B (bf16) = 73.984 us + 1 ms = 1.073984 ms; reduce-scatter of fp32
@@ -118,13 +126,13 @@ def test_zero3_gathers_twice_and_hides_behind_blocks() -> None:
     m = mb(nl=4, block=blk(0.5e-3, 2e-3), ar=0.1e-3, wait=0.05e-3)
     t = terms(p, m)
     ag, rs = 1.073984e-3, 147.968e-6
-    assert t.total == pytest.approx(2 * 2 * 4 * ag + 4 * rs)
+    assert t.total == pytest.approx(2 * 2 * 4 * ag + 4 * rs + ROOT)
     f = 0.5e-3 + 2 * 0.15e-3  # 0.8 ms of forward per block: the gather outlasts it
     b = 2e-3 + 2 * 0.15e-3    # 2.3 ms of backward: gather and reduce-scatter hide
     forward = 2 * (ag + 3 * (ag - f))           # the first gather, then what shows past f
     backward = (2 - 1) * 4 * max(0.0, ag - b)   # earlier micro-batches' backward gathers
     backward += 4 * max(0.0, ag + rs - b) + rs  # the last one: both share the links
-    assert t.exposed == pytest.approx(forward + backward)
+    assert t.exposed == pytest.approx(forward + backward + ROOT)
     assert t.opt_comm == 0.0
 
 
@@ -134,9 +142,10 @@ def test_zero3_recompute_widens_the_backward_window() -> None:
     # backward 0.9 ms + recompute 0.4 ms = 1.3 ms: the last micro-batch's gather + reduce-
     # scatter (1.221952 ms) hide, the earlier ones' gathers (1.073984 ms) too
     t = terms(p, mb(nl=4, block=blk(2e-3, 0.9e-3, 0.4e-3)))
-    assert t.exposed == pytest.approx(2 * ag + rs)  # first gathers (forward hides the rest)
+    assert t.exposed == pytest.approx(2 * ag + rs + ROOT)  # first gathers (forward hides the rest)
     t2 = terms(p.replace(recompute="none"), mb(nl=4, block=blk(2e-3, 0.9e-3, 0.4e-3)))
-    assert t2.exposed == pytest.approx(2 * ag + 4 * (ag - 0.9e-3) + 4 * (ag + rs - 0.9e-3) + rs)
+    assert t2.exposed == pytest.approx(2 * ag + 4 * (ag - 0.9e-3) + 4 * (ag + rs - 0.9e-3) + rs
+                                       + ROOT)
 
 
 # ------------------------------------------------------------ kinds, windows, buckets
@@ -176,21 +185,25 @@ def test_zero2_reduce_scatter_on_gpus_all_reduce_on_gloo(hw: str, kind_factor: f
 
 
 def test_zero3_three_micro_batches_tp_waits_and_no_overlap() -> None:
-    # m = 3 (global batch 12 over dp 4), 2 blocks; gather 1.5 * 2 * 36,992 / 1e9 = 110.976 us,
+    # m = 3 (global batch 12 over dp 4), 4 blocks; gather 1.5 * 2 * 36,992 / 1e9 = 110.976 us,
     # reduce-scatter (GPU) 4 * 36,992 / 1e9 = 147.968 us; forward 0.05 ms, backward 0.1 ms,
-    # tp all-reduce 0.01 ms and wait 0.005 ms, twice each way: f = 0.08 ms, b = 0.13 ms
+    # tp all-reduce 0.01 ms and wait 0.005 ms, twice each way: f = 0.08 ms, b = 0.13 ms.
+    # The root (32,832 parameters): 2 gathers a micro-batch of 1.5 * 2 * 32,832 / 1e9 =
+    # 98.496 us, one reduce-scatter of 4 * 32,832 / 1e9 = 131.328 us, all exposed.
     p = ParallelPlan(dp=4, zero=3, micro_batch=1, global_batch=12, dtype="bf16")
-    m = mb(nl=2, block=blk(0.05e-3, 0.1e-3), ar=0.01e-3, wait=0.005e-3)
+    m = mb(nl=4, block=blk(0.05e-3, 0.1e-3), ar=0.01e-3, wait=0.005e-3)
     ag, rs, f, b = 110.976e-6, 147.968e-6, 0.08e-3, 0.13e-3
+    root = 2 * 3 * 98.496e-6 + 131.328e-6
     t = dp_terms(TINY, p, GPU, m, (4, 1, 4), by_kind, True, True)
-    assert t.total == pytest.approx(2 * 3 * 2 * ag + 2 * rs)
-    want = 3 * (ag + 1 * max(0.0, ag - f))          # forward
-    want += (3 - 1) * 2 * max(0.0, ag - b)          # earlier backward gathers: hidden (0)
-    want += 2 * max(0.0, ag + rs - b) + rs          # the last backward
-    assert t.exposed == pytest.approx(want)
+    assert t.total == pytest.approx(2 * 3 * 4 * ag + 4 * rs + root)
+    want = 3 * (ag + 3 * max(0.0, ag - f))          # forward
+    want += (3 - 1) * 4 * max(0.0, ag - b)          # earlier backward gathers: hidden (0)
+    want += 4 * max(0.0, ag + rs - b) + rs          # the last backward
+    assert t.exposed == pytest.approx(want + root)
     # without overlap nothing hides: every gather and reduce-scatter is exposed
     t = dp_terms(TINY, p, GPU, m, (4, 1, 4), by_kind, False, True)
-    assert t.exposed == pytest.approx(3 * (ag + ag) + (3 - 1) * 2 * ag + 2 * (ag + rs) + rs)
+    assert t.exposed == pytest.approx(3 * (ag + 3 * ag) + (3 - 1) * 4 * ag + 4 * (ag + rs) + rs
+                                      + root)
 
 
 def test_zero2_with_a_pipeline_reduces_once_after_the_schedule() -> None:
@@ -210,7 +223,9 @@ def test_zero3_reduces_with_an_all_reduce_on_gloo(hw: str, kind_factor: float) -
     p = ParallelPlan(dp=4, zero=3, micro_batch=1, global_batch=4, dtype="bf16")
     t = dp_terms(TINY, p, cluster(hw, 4), mb(nl=4), (4, 1, 4), by_kind, False, True)
     ag = 1.5 * 2 * 36_992 / 1e9
-    assert t.total == pytest.approx(2 * 4 * ag + 4 * kind_factor * 4 * 36_992 / 1e9)
+    # the root's 32,832 parameters: gathered for the forward and the backward, reduced once
+    root = 2 * 1.5 * 2 * 32_832 / 1e9 + kind_factor * 4 * 32_832 / 1e9
+    assert t.total == pytest.approx(2 * 4 * ag + 4 * kind_factor * 4 * 36_992 / 1e9 + root)
 
 
 def test_zero3_gathered_tensor_by_tensor_and_waited_for() -> None:
@@ -234,7 +249,8 @@ def test_zero3_gathered_tensor_by_tensor_and_waited_for() -> None:
     t = run(p, overlap=False)  # nothing hides: every reduce-scatter shows too
     assert t.exposed == pytest.approx(t.total)
     # the default (FSDP's per-block prefetched gathers) prices 1 latency per block gather
-    assert terms(p, m).total == pytest.approx(2 * 2 * 4 * 1.073984e-3 + 4 * rs)
+    # and the root's unit (ROOT: gathered per pass, not tensor by tensor)
+    assert terms(p, m).total == pytest.approx(2 * 2 * 4 * 1.073984e-3 + 4 * rs + ROOT)
 
 
 def test_ptd_reduces_model_parallel_zero0_gradients_after_the_backward():
@@ -284,7 +300,8 @@ def test_zero3_on_a_cpu_hides_nothing_and_each_collective_waits_for_late_peers()
     m = mb(nl=4, block=blk(0.01, 0.02))
     t = dp_terms(TINY, p, _late_peer_cpu(4), m, (4, 1, 4), by_kind, True, True)
     ag, ar = 1.5 * 2 * 36_992 / 1e9, 2 * 4 * 36_992 / 1e9  # gloo: an all-reduce of fp32
-    assert t.total == pytest.approx(2 * 2 * 4 * ag + 4 * ar)
+    root = 2 * 2 * 1.5 * 2 * 32_832 / 1e9 + 2 * 4 * 32_832 / 1e9  # the root's unit
+    assert t.total == pytest.approx(2 * 2 * 4 * ag + 4 * ar + root)
     assert t.exposed == pytest.approx(t.total + 0.225)
     # the same plan on GPUs hides the gathers behind the blocks and pays no wait
     g = dp_terms(TINY, p, GPU, m, (4, 1, 4), by_kind, True, True)

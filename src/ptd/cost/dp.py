@@ -97,7 +97,13 @@ def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
     elif zero3_gather == "param-sync":
         return _zero3_per_param(model, plan, hw, nl, blk_b, rs_block, group, coll)
     else:
-        terms = _zero3_units(plan, nl, m, ag_block, rs_block, blk_f, blk_b)
+        # the root's unit: the rank's parameters outside its blocks (embedding, final norm,
+        # output layer), its own FSDP unit (runtime/parallel/fsdp.py; torchtitan's
+        # parallelize_llama.py fully_shard(model) the same)
+        root = max(0, P.max_local_numel(model, plan) - nl * block_params)
+        ag_root = coll("all_gather", root * DTYPE_BYTES[plan.dtype], dp_n, hw, dp_nodes, dp_per)
+        rs_root = coll(rs_kind, root * 4, dp_n, hw, dp_nodes, dp_per)
+        terms = _zero3_units(plan, nl, m, ag_block, rs_block, blk_f, blk_b, ag_root, rs_root)
     if hw.kind == "cpu":
         return DpTerms(terms.total, terms.total + _cpu_late_peers(model, plan, cluster, mbt,
                                                                    recompute_early_stop), 0.0)
@@ -105,11 +111,20 @@ def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
 
 
 def _zero3_units(plan: ParallelPlan, nl: int, m: int, ag_block: float, rs_block: float,
-                 blk_f: float, blk_b: float) -> DpTerms:
-    """ZeRO-3 with one FSDP unit per block, gathers prefetched one block ahead (GPUs)."""
+                 blk_f: float, blk_b: float, ag_root: float = 0.0, rs_root: float = 0.0
+                 ) -> DpTerms:
+    """ZeRO-3 with one FSDP unit per block, gathers prefetched one block ahead (GPUs), and
+    the root's unit. The root is resharded after the forward like the blocks (ptd and
+    torchtitan pass ``reshard_after_forward=True`` to it explicitly, which turns off FSDP2's
+    keeping the root gathered, ``FSDPState._lazy_init``), so every micro-batch gathers it
+    to open the forward and again to open the backward, with nothing yet to hide behind,
+    and the last one reduces its gradients after the embedding's backward, the last thing
+    the backward computes: all of the root's communication is exposed."""
     hidden_ag = max(0.0, ag_block - blk_f)  # prefetch one block ahead
     total = 2 * m * nl * ag_block + nl * rs_block  # ZeRO-3 gathers again for the backward
-    exposed = m * (ag_block + (nl - 1) * hidden_ag)
+    total += 2 * m * ag_root + rs_root
+    exposed = 2 * m * ag_root + rs_root
+    exposed += m * (ag_block + (nl - 1) * hidden_ag)
     # Backward: while a block computes, the next block's gather and (on the last
     # micro-batch) this block's reduce-scatter both cross the same links, so they hide
     # behind its compute together, not each on its own.

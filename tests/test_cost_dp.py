@@ -352,3 +352,52 @@ def test_zero2_on_a_cpu_under_a_pipeline_reduces_back_to_back_at_the_end() -> No
     t = dp_terms(G7, p, _late_peer_cpu(4), mb(nl=4, block=blk(0.01, 0.02)), (2, 1, 2),
                  by_kind, True, True)
     assert t.exposed == pytest.approx(t.total + 0.004)
+
+
+# ------------------------------------------------------------ FSDP's copies (CPUs)
+def _copy_cpu(workers: int = 4) -> "ClusterSpec":  # noqa: F821
+    """A CPU whose workers copy at 1 GB/s each (calibrated at that worker count)."""
+    import dataclasses
+    from ptd.specs.hardware import ClusterSpec
+    hw = dataclasses.replace(load_hardware("cpu"), memory_bandwidth_measured={workers: 1e9})
+    return ClusterSpec(hw, workers, workers)
+
+
+@pytest.mark.parametrize("zero, dtype, fwd, bwd", [
+    # TINY on dp 4: N = 180,800 parameters a rank before sharding, shards of 45,200; m = 2.
+    # fp32: a gather copies the shard in (8 B each: 361,600) and the parameters out
+    # (8 B each: 1,446,400) = 1,808,000 B; a reduction copies the gradients in
+    # (4 + 4: 1,446,400) and the rank's chunk out (8: 361,600) = 1,808,000 B.
+    # ZeRO-3 gathers twice a micro-batch and reduces once: forward 2 gathers, backward 2
+    # gathers and the reduction, at 1 GB/s.
+    (3, "fp32", 2 * 1.808e-3, 3 * 1.808e-3),
+    # bf16 (c = 2): gather 45,200 x (4 + 3 x 2) + 2 x 2 x 180,800 = 452,000 + 723,200 =
+    # 1,175,200 B; reduction (2 + 4) x 180,800 + 8 x 45,200 = 1,084,800 + 361,600 =
+    # 1,446,400 B. ZeRO-2 gathers once and reduces every micro-batch, ZeRO-1 once.
+    (2, "bf16", 1.1752e-3, 2 * 1.4464e-3),
+    (1, "bf16", 1.1752e-3, 1.4464e-3),
+    (0, "bf16", 0.0, 0.0),
+])
+def test_fsdp_copies_by_hand(zero: int, dtype: str, fwd: float, bwd: float) -> None:
+    from ptd.cost import params as P
+    from ptd.cost.dp import fsdp_copy_time
+    cl = _copy_cpu()
+    assert cl.memory_bandwidth == 1e9 and P.max_local_numel(TINY, ParallelPlan()) == 180_800
+    p = ParallelPlan(dp=4, zero=zero, micro_batch=1, global_batch=8, dtype=dtype)
+    assert fsdp_copy_time(TINY, p, cl) == pytest.approx((fwd, bwd), rel=1e-12)
+    # dp_terms carries them on a CPU (where they run between the blocks) and not on GPUs
+    t = dp_terms(TINY, p, cl, mb(nl=4, block=blk(0.01, 0.02)), (4, 1, 4), by_kind, True, True)
+    assert (t.copy_forward, t.copy_backward) == pytest.approx((fwd, bwd), rel=1e-12)
+    g = dp_terms(TINY, p, GPU, mb(nl=4, block=blk(0.01, 0.02)), (4, 1, 4), by_kind, True, True)
+    assert (g.copy_forward, g.copy_backward) == (0.0, 0.0)
+
+
+def test_step_time_counts_fsdp_copies_as_the_forward_and_backward_they_run_in() -> None:
+    from ptd.cost.step import micro_batch, step_time
+    cl = _copy_cpu()
+    p = ParallelPlan(dp=4, zero=3, micro_batch=1, global_batch=8, dtype="fp32", seq_len=64)
+    st = step_time(TINY, p, cl)
+    mbt = micro_batch(TINY, p, cl, "flash", True, True, "autocast")
+    assert st.forward == pytest.approx(2 * mbt.f + 2 * 1.808e-3, rel=1e-9)
+    assert st.backward == pytest.approx(2 * mbt.b + 3 * 1.808e-3, rel=1e-9)
+    assert st.compute == pytest.approx(st.forward + st.backward + st.recompute, rel=1e-9)

@@ -49,6 +49,31 @@ def test_ddp_step_hidden_and_exposed_all_reduce():
     assert sum(b.parts.values()) == pytest.approx(b.step) == pytest.approx(100e-6)
 
 
+def test_fsdp_collectives_waited_for_inside_its_hooks_are_exposed_communication():
+    """FSDP2 on a CPU: the forward's gather runs to its end inside ``FSDP::all_gather``
+    (launch op 10-11, then the main thread waits, gloo's thread gathers 11-18); in the
+    backward the gradient all-reduce runs inside FSDP's post-backward node and the engine's
+    wrapper (launch 60-61, gloo 61-70). Those waits are exposed communication; the blocks'
+    products stay forward (5-10, 18-35) and backward (35-60, 70-85)."""
+    spans = [sp("ptd:step", 0, 100), sp("ptd:data", 0, 5), sp("aten::copy_", 0, 5),
+             sp("ptd:forward", 5, 35), sp("aten::mm", 5, 10),
+             sp("FSDP::pre_forward (layers.1)", 10, 18), sp("FSDP::all_gather (layers.1)", 10, 18),
+             sp("c10d::_allgather_base_", 10, 11), sp("gloo:all_gather", 11, 18, GLOO),
+             sp("aten::mm", 18, 35),
+             sp("ptd:backward", 35, 85), sp("aten::mm", 35, 60),
+             sp("autograd::engine::evaluate_function: RegisterPostBackwardFunctionBackward", 60, 70),
+             sp("RegisterPostBackwardFunctionBackward", 60, 70),
+             sp("FSDP::post_backward_reduce (layers.1)", 60, 70),
+             sp("c10d::allreduce_", 60, 61), sp("gloo:all_reduce", 61, 70, GLOO),
+             sp("aten::mm", 70, 85),
+             sp("ptd:optimizer", 85, 100), sp("aten::add_", 85, 100)]
+    b = analyse_step(spans, MAIN, (0, 100))
+    us = {k: round(v * 1e6, 6) for k, v in b.parts.items()}
+    assert us == {"data": 5, "forward": 22, "backward": 40, "comm:all_gather": 8,
+                  "comm:all_reduce": 10, "optimizer": 15}
+    assert sum(b.parts.values()) == pytest.approx(100e-6)
+
+
 def test_recompute_inside_backward_and_pipeline_bubble():
     """A block's forward inside a backward is recompute; inside a schedule, time with no op
     and only a receive in flight is the bubble (waiting for the neighbour)."""

@@ -33,6 +33,11 @@ class DpTerms:
     total: float = 0.0
     exposed: float = 0.0
     opt_comm: float = 0.0
+    copy_forward: float = 0.0
+    """FSDP's copies in and out of its collectives' buffers, in the forward and the
+    backward (seconds; computation, where the measurement finds them: CPUs only, see
+    :func:`fsdp_copy_time`)."""
+    copy_backward: float = 0.0
 
 
 def dp_terms(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
@@ -105,9 +110,42 @@ def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
         rs_root = coll(rs_kind, root * 4, dp_n, hw, dp_nodes, dp_per)
         terms = _zero3_units(plan, nl, m, ag_block, rs_block, blk_f, blk_b, ag_root, rs_root)
     if hw.kind == "cpu":
+        cf, cb = fsdp_copy_time(model, plan, cluster)
         return DpTerms(terms.total, terms.total + _cpu_late_peers(model, plan, cluster, mbt,
-                                                                   recompute_early_stop), 0.0)
+                                                                   recompute_early_stop),
+                       0.0, cf, cb)
     return terms
+
+
+def fsdp_copy_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec
+                   ) -> tuple[float, float]:
+    """(forward, backward) seconds of FSDP2's copies around its collectives, at the copy
+    bandwidth (torch 2.13 ``_fsdp_collectives.py``). A gather of ``N`` parameters (a shard
+    of ``N / dp`` on the rank) copies the shard into the gather's input (``all_gather_copy_in``:
+    read 4 bytes, write 4 in fp32; under mixed precision a cast into ``c``-byte elements,
+    then that copy, ``4 + 3c``) and the gathered buffer out into the parameters
+    (``split_with_sizes_copy``: ``2c`` a parameter); a reduction copies the gradients into
+    its fp32 input (``_chunk_cat``: ``c + 4``) and, on gloo (ptd's ``AllReduceScatter``), the
+    rank's chunk out (8 a shard element). ZeRO-3 gathers every micro-batch for the forward
+    and again for the backward and reduces once; ZeRO-1/2 gather once a step and reduce once
+    (ZeRO-2 without a pipeline: every micro-batch). ``N`` is the rank's parameters.
+
+    Priced on CPUs only, where they run between the blocks like the rest (about 6 ms of
+    a 400 ms step of ``small`` on 2 workers). On GPUs the copy-out runs on the compute
+    stream too (some 1% of a Llama 3 8B step at HBM speed) -- not priced yet."""
+    if plan.zero < 1 or plan.dp <= 1:
+        return 0.0, 0.0
+    c = DTYPE_BYTES[plan.dtype]
+    n = P.max_local_numel(model, plan)
+    shard = n / plan.dp
+    gather = shard * (8 if c == 4 else 4 + 3 * c) + 2 * c * n
+    reduce = (c + 4) * n + 8 * shard
+    bw = cluster.memory_bandwidth
+    m = plan.n_microbatches
+    if plan.zero >= 3:
+        return m * gather / bw, (m * gather + reduce) / bw
+    n_rs = m if (plan.zero == 2 and plan.pp == 1) else 1
+    return gather / bw, n_rs * reduce / bw
 
 
 def _zero3_units(plan: ParallelPlan, nl: int, m: int, ag_block: float, rs_block: float,

@@ -213,7 +213,8 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     tied = tied_embedding_sync(model, plan, cluster)
     dp = dataclasses.replace(dp, total=dp.total + tied, exposed=dp.exposed + tied)
     optimizer, tp_step = optimizer_time(model, plan, cluster, mbt)
-    compute = m * (mbt.f + mbt.b + mbt.rc)
+    # FSDP's copies around its collectives (CPUs: :func:`ptd.cost.dp.fsdp_copy_time`)
+    compute = m * (mbt.f + mbt.b + mbt.rc) + dp.copy_forward + dp.copy_backward
     tp_comm = m * (mbt.tf + mbt.tb) + tp_step
     ep_comm = _ep_time(model, plan, cluster, mbt, cluster.gemm_rate(plan.dtype), moe_imbalance)
     # hidden communication is not free: it slows the computation it hides behind
@@ -230,8 +231,9 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
              + ep_comm + m * cpt.comm_exposed + overlap)
     return StepBreakdown(total=total, compute=compute, tp_comm=tp_comm, pp_comm=pp_comm,
                          dp_comm_exposed=dp.exposed, bubble=bubble,
-                         optimizer=optimizer + dp.opt_comm, forward=m * mbt.f,
-                         backward=m * mbt.b, recompute=m * mbt.rc, dp_comm_total=dp.total,
+                         optimizer=optimizer + dp.opt_comm, forward=m * mbt.f + dp.copy_forward,
+                         backward=m * mbt.b + dp.copy_backward, recompute=m * mbt.rc,
+                         dp_comm_total=dp.total,
                          ep_comm=ep_comm, cp_comm=m * cpt.comm_exposed,
                          cp_comm_total=m * cpt.comm_total, overlap=overlap)
 

@@ -64,9 +64,14 @@ PHASE_SPANS = {"ptd:forward": "forward", "ptd:backward": "backward",
                "ptd:backward_w": "backward_w", "ptd:grad_sync": "grad_sync",
                "ptd:schedule": "schedule", "ptd:loss": "loss", "ptd:optimizer": "optimizer",
                "ptd:data": "data"}
-MARKERS = ("ptd:", "PP:", "Forward ", "Backward ", "ProfilerStep", "## ")
+MARKERS = ("ptd:", "PP:", "Forward ", "Backward ", "ProfilerStep", "## ", "FSDP::",
+           "RegisterPostBackwardFunction", "autograd::engine::evaluate_function")
 """Span names that mark regions rather than run work (ours, torch.distributed.pipelining's,
-the profiler's own)."""
+the profiler's own, FSDP2's ``record_function`` regions and its post-backward autograd node,
+the autograd engine's per-node wrapper, which runs the node's hooks). The work inside them
+shows as operators of its own; what is left is Python, or waiting: on a CPU FSDP2's
+gathers and gradient reductions run to their end inside these regions (no streams to
+overlap them on), and that wait is the collective's exposed time, not computation."""
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send", "recv",
          "barrier", "wait")

@@ -385,11 +385,25 @@ def test_fsdp_copies_by_hand(zero: int, dtype: str, fwd: float, bwd: float) -> N
     assert cl.memory_bandwidth == 1e9 and P.max_local_numel(TINY, ParallelPlan()) == 180_800
     p = ParallelPlan(dp=4, zero=zero, micro_batch=1, global_batch=8, dtype=dtype)
     assert fsdp_copy_time(TINY, p, cl) == pytest.approx((fwd, bwd), rel=1e-12)
-    # dp_terms carries them on a CPU (where they run between the blocks) and not on GPUs
-    t = dp_terms(TINY, p, cl, mb(nl=4, block=blk(0.01, 0.02)), (4, 1, 4), by_kind, True, True)
+    # dp_terms carries them, and a stack whose parameters are views of the gathered
+    # buffer (Megatron-LM, DeepSpeed: fsdp_copy_out False) has none
+    m = mb(nl=4, block=blk(0.01, 0.02))
+    t = dp_terms(TINY, p, cl, m, (4, 1, 4), by_kind, True, True)
     assert (t.copy_forward, t.copy_backward) == pytest.approx((fwd, bwd), rel=1e-12)
-    g = dp_terms(TINY, p, GPU, mb(nl=4, block=blk(0.01, 0.02)), (4, 1, 4), by_kind, True, True)
-    assert (g.copy_forward, g.copy_backward) == (0.0, 0.0)
+    t = dp_terms(TINY, p, cl, m, (4, 1, 4), by_kind, True, True, 0, "unit", False)
+    assert (t.copy_forward, t.copy_backward) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("zero, passes_f, passes_b", [(3, 2, 2), (2, 1, 0), (1, 1, 0)])
+def test_fsdp_copy_out_alone_on_gpus(zero: int, passes_f: int, passes_b: int) -> None:
+    # On a GPU only the copy-out runs on the compute stream: 2 x 2 B x 180,800 = 723,200 B
+    # a gather in bf16, at the preset's copy bandwidth; ZeRO-3 gathers for the forward and
+    # the backward of both micro-batches, ZeRO-1/2 once a step (in the forward)
+    from ptd.cost.dp import fsdp_copy_time
+    p = ParallelPlan(dp=4, zero=zero, micro_batch=1, global_batch=8, dtype="bf16")
+    bw = GPU.memory_bandwidth
+    assert fsdp_copy_time(TINY, p, GPU) == pytest.approx(
+        (passes_f * 723_200 / bw, passes_b * 723_200 / bw), rel=1e-12)
 
 
 def test_step_time_counts_fsdp_copies_as_the_forward_and_backward_they_run_in() -> None:
@@ -401,3 +415,10 @@ def test_step_time_counts_fsdp_copies_as_the_forward_and_backward_they_run_in() 
     assert st.forward == pytest.approx(2 * mbt.f + 2 * 1.808e-3, rel=1e-9)
     assert st.backward == pytest.approx(2 * mbt.b + 3 * 1.808e-3, rel=1e-9)
     assert st.compute == pytest.approx(st.forward + st.backward + st.recompute, rel=1e-9)
+
+
+def test_which_stacks_copy_gathered_parameters_out() -> None:
+    # FSDP2 (ptd's runtime, torchtitan) copies each gather out into the parameters;
+    # Megatron-LM's distributed optimizer and DeepSpeed gather into the parameters' storage
+    from ptd.cost.stacks import STACKS, stack_options
+    assert {n for n in STACKS if stack_options(n).fsdp_copy_out} == {"ptd", "torchtitan"}

@@ -12,6 +12,7 @@ overlaps through CUDA streams) and each of its collectives waits for late peers
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -43,7 +44,7 @@ class DpTerms:
 def dp_terms(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
              group: tuple[int, int, int], coll: Callable[..., float], dp_overlap: bool,
              recompute_early_stop: bool, ps_servers: int = 0,
-             zero3_gather: str = "unit") -> DpTerms:
+             zero3_gather: str = "unit", fsdp_copy_out: bool = True) -> DpTerms:
     """``mbt``: the slowest rank's micro-batch (:class:`ptd.cost.step.MicroBatch`);
     ``group``: (size, nodes, per node) of the gradient group; ``coll``: the collective
     pricing (``collective_time``'s arguments); ``zero3_gather``: see
@@ -61,8 +62,12 @@ def dp_terms(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: An
                 else dp_ps_time(grad_bytes, dp_n, ps_servers, hw))  # cost/ps.py
         last_bucket = t_ar * min(1.0, DDP_BUCKET_BYTES / grad_bytes)
         return DpTerms(t_ar, max(last_bucket, t_ar - window), 0.0)
-    return _fsdp(model, plan, cluster, mbt, group, coll, dp_overlap, recompute_early_stop,
-                 zero3_gather)
+    terms = _fsdp(model, plan, cluster, mbt, group, coll, dp_overlap, recompute_early_stop,
+                  zero3_gather)
+    if not fsdp_copy_out:
+        return terms
+    cf, cb = fsdp_copy_time(model, plan, cluster)
+    return dataclasses.replace(terms, copy_forward=cf, copy_backward=cb)
 
 
 def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
@@ -110,10 +115,8 @@ def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
         rs_root = coll(rs_kind, root * 4, dp_n, hw, dp_nodes, dp_per)
         terms = _zero3_units(plan, nl, m, ag_block, rs_block, blk_f, blk_b, ag_root, rs_root)
     if hw.kind == "cpu":
-        cf, cb = fsdp_copy_time(model, plan, cluster)
         return DpTerms(terms.total, terms.total + _cpu_late_peers(model, plan, cluster, mbt,
-                                                                   recompute_early_stop),
-                       0.0, cf, cb)
+                                                                   recompute_early_stop), 0.0)
     return terms
 
 
@@ -130,16 +133,23 @@ def fsdp_copy_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec
     and again for the backward and reduces once; ZeRO-1/2 gather once a step and reduce once
     (ZeRO-2 without a pipeline: every micro-batch). ``N`` is the rank's parameters.
 
-    Priced on CPUs only, where they run between the blocks like the rest (about 6 ms of
-    a 400 ms step of ``small`` on 2 workers). On GPUs the copy-out runs on the compute
-    stream too (some 1% of a Llama 3 8B step at HBM speed) -- not priced yet."""
+    On a CPU all of them run between the blocks, on the one thread (about 6 ms of a 400 ms
+    step of ``small`` on 2 workers). On a GPU only the copy-out runs on the compute stream
+    (``foreach_all_gather_copy_out``, after waiting for the gather); the copy-in and the
+    reduction's copies run on the all-gather and reduce-scatter streams beside the
+    computation and are not charged (about 1.5% of torchtitan's Llama 3 8B step on A100s).
+    Stacks whose parameters are views of the gathered buffer skip this
+    (``CostOptions.fsdp_copy_out``)."""
     if plan.zero < 1 or plan.dp <= 1:
         return 0.0, 0.0
     c = DTYPE_BYTES[plan.dtype]
     n = P.max_local_numel(model, plan)
     shard = n / plan.dp
-    gather = shard * (8 if c == 4 else 4 + 3 * c) + 2 * c * n
-    reduce = (c + 4) * n + 8 * shard
+    if cluster.hardware.kind == "cpu":
+        gather = shard * (8 if c == 4 else 4 + 3 * c) + 2 * c * n
+        reduce = (c + 4) * n + 8 * shard
+    else:
+        gather, reduce = 2 * c * n, 0.0
     bw = cluster.memory_bandwidth
     m = plan.n_microbatches
     if plan.zero >= 3:

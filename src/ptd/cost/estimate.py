@@ -56,6 +56,11 @@ class CostOptions:
     ahead behind compute: PyTorch FSDP, ptd's runtime) or ``param-sync`` (one all-gather per
     parameter tensor, each waited for before the next, and again when full recompute re-runs
     the forward: DeepSpeed's ZeRO-3 of 2021, see :mod:`ptd.cost.stacks`)."""
+    fsdp_copy_out: bool = True
+    """ZeRO's gathers land in one buffer that is copied out into the parameters (PyTorch
+    FSDP2's ``split_with_sizes_copy``: ptd's runtime, torchtitan), a memory-bound pass on the
+    compute stream per gather; False where the parameters are views of the gathered buffer
+    (Megatron-LM's distributed optimizer, DeepSpeed). See :func:`ptd.cost.dp.fsdp_copy_time`."""
     dp_overlap_model_parallel: bool = False
     """Whether zero-0 gradient reduction overlaps the backward when tp, pp, cp or ep > 1 too.
     ptd's runtime then reduces after the backward (``GradAllReduce``: DDP cannot hold
@@ -163,7 +168,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     st = step_time(model, plan, cluster, options.attention, dp_overlap(options, plan),
                    options.recompute_early_stop, options.tp_grad_per_linear,
                    options.moe_imbalance, options.ps_servers, options.zero3_gather,
-                   options.elementwise)
+                   options.elementwise, options.fsdp_copy_out)
     d = float(tokens) if tokens else 20.0 * model.param_count()
     return Estimate(model, cluster, plan, fl, mem, st, d)
 

@@ -41,6 +41,9 @@ class Stack:
     dp_overlap_model_parallel: bool = True
     """Zero-0 gradient reduction overlaps the backward with tp, pp, cp or ep > 1 as well
     (:class:`ptd.cost.estimate.CostOptions`)."""
+    fsdp_copy_out: bool = False
+    """ZeRO's gathered buffer is copied out into the parameters (PyTorch FSDP2) rather than
+    the parameters being views of it (Megatron-LM's distributed optimizer, DeepSpeed)."""
 
 
 _DEEPSPEED = Stack(
@@ -57,7 +60,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           "rotary embedding, activation and loss as eager PyTorch operators; with tp, "
           "pp, cp or ep > 1 and no ZeRO the gradients are all-reduced after the backward "
           "(runtime/parallel/ddp.py GradAllReduce: DDP holds no DTensors).",
-          elementwise="autocast", dp_overlap_model_parallel=False),
+          elementwise="autocast", dp_overlap_model_parallel=False, fsdp_copy_out=True),
     Stack("megatron-2021", "scores", False, False, False, ("1f1b", "interleaved-1f1b"),
           "Narayanan et al. 2021 (arXiv 2104.04473) and Korthikanti et al. 2022 (arXiv "
           "2205.05198): unfused attention with a fused scale-mask-softmax kernel, the "
@@ -78,7 +81,8 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           "default norm_type 'rmsnorm' (fused_rmsnorm, a Triton kernel, optional), runs "
           "_norm(x.float()).type_as(x) * weight as separate operators; models/llama/model.py "
           "repeat_kv copies K/V to the query heads; rotary embedding and SwiGLU eager; "
-          "docs/performance.md names no torch.compile.", elementwise="llama-ref"),
+          "docs/performance.md names no torch.compile.", elementwise="llama-ref",
+          fsdp_copy_out=True),
     _DEEPSPEED,
     # the same kernels and overlap; only ZeRO-3's gathers differ
     dataclasses.replace(
@@ -103,4 +107,5 @@ def stack_options(name: str, hardware: object = None) -> CostOptions:
                        recompute_early_stop=s.recompute_early_stop,
                        tp_grad_per_linear=s.tp_grad_per_linear, schedules=s.schedules,
                        zero3_gather=s.zero3_gather, elementwise=s.elementwise,
-                       dp_overlap_model_parallel=s.dp_overlap_model_parallel)
+                       dp_overlap_model_parallel=s.dp_overlap_model_parallel,
+                       fsdp_copy_out=s.fsdp_copy_out)

@@ -195,7 +195,8 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
               attention: str = "flash", dp_overlap: bool = True,
               recompute_early_stop: bool = True, tp_grad_per_linear: bool = True,
               moe_imbalance: float = 1.0, ps_servers: int = 0,
-              zero3_gather: str = "unit", elementwise: str = "autocast") -> StepBreakdown:
+              zero3_gather: str = "unit", elementwise: str = "autocast",
+              fsdp_copy_out: bool = True) -> StepBreakdown:
     """``tp_grad_per_linear``: tensor parallelism without sequence parallelism all-reduces
     each column-parallel layer's input gradient on its own (PyTorch DTensor, ptd's runtime:
     wq, wk, wv, w1 and w3 each); False sums them first and all-reduces twice per block
@@ -207,7 +208,7 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     mbt = dataclasses.replace(mbt, f=mbt.f + cpt.attn_forward, b=mbt.b + cpt.attn_backward)
     bubble, pp_comm = pipeline(model, plan, cluster, mbt, cpt.comm_exposed)
     dp = DP.dp_terms(model, plan, cluster, mbt, _group(plan, cluster, "dp"), _coll,
-                     dp_overlap, recompute_early_stop, ps_servers, zero3_gather)
+                     dp_overlap, recompute_early_stop, ps_servers, zero3_gather, fsdp_copy_out)
     # the runner sums a tied embedding's copies after the schedule, with the gradient
     # average (the measurement counts both as data-parallel communication): exposed
     tied = tied_embedding_sync(model, plan, cluster)

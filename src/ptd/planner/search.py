@@ -224,7 +224,7 @@ class _Pricer:
         o = self.options
         st = step_time(self.model, plan, self.cluster, o.attention, dp_overlap(o, plan),
                        o.recompute_early_stop, o.tp_grad_per_linear, o.moe_imbalance,
-                       o.ps_servers, o.zero3_gather, o.elementwise)
+                       o.ps_servers, o.zero3_gather, o.elementwise, o.fsdp_copy_out)
         return Estimate(self.model, self.cluster, plan, self.flops[plan.recompute], mem, st,
                         self.tokens)
 

@@ -91,3 +91,31 @@ def test_header_that_is_not_json(folder, tmp_path, capfd):
 
 def test_good_weights_pass(folder):
     hf.precheck(folder, get_preset("tiny"), 32)  # raises on any problem
+
+
+def test_gpt2_fused_qkv_with_extra_columns_is_refused(tmp_path, capfd, monkeypatch):
+    # GPT-2's c_attn holds q, k and v side by side: 3 x 64 = 192 columns for tiny-gpt. With 5
+    # more (and a bias to match) the q/k/v slices used to drop them silently and train.
+    from safetensors.torch import load_file, save_file
+    forbid_processes(monkeypatch)
+    monkeypatch.setenv("PTD_HOME", str(tmp_path / "home"))
+    spec = get_preset("tiny-gpt")
+    assert (spec.hidden, spec.q_dim + 2 * spec.kv_dim) == (64, 192)  # what the file must hold
+    g = torch.Generator().manual_seed(0)
+    state = {k: torch.randn(shape, generator=g) * 0.02 for k, shape in expected_params(spec).items()}
+    out = tmp_path / "hf"
+    hf.save_folder(state, spec, out)
+    t = load_file(str(out / "model.safetensors"))
+    for k in list(t):
+        if k.endswith("c_attn.weight"):
+            t[k] = torch.cat([t[k], torch.zeros(64, 5)], 1).contiguous()
+        elif k.endswith("c_attn.bias"):
+            t[k] = torch.cat([t[k], torch.zeros(5)]).contiguous()
+    save_file(t, str(out / "model.safetensors"), metadata={"format": "pt"})
+    rc = main(["train", "--model", "tiny-gpt", "--init-from", str(out), "--nproc", "1",
+               "--steps", "2", "--out", str(tmp_path / "run"), "--global-batch", "4",
+               "--seq-len", "32"])
+    err = capfd.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "c_attn has shape (64, 197) (bias (197,)), expected (64, 192)" in err, err
+    assert not (tmp_path / "run").exists()

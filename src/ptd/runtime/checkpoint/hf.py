@@ -195,7 +195,14 @@ def from_hf(tensors: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torc
             for ours, theirs in (("attention_norm", "ln_1"), ("ffn_norm", "ln_2")):
                 out[p + ours + ".weight"] = g(h + theirs + ".weight")
                 out[p + ours + ".bias"] = g(h + theirs + ".bias")
-            w, b = g(h + "attn.c_attn.weight").t(), g(h + "attn.c_attn.bias")
+            w, b = g(h + "attn.c_attn.weight"), g(h + "attn.c_attn.bias")
+            # fused q, k, v: checked whole, since the slices below would drop extra columns
+            want = (spec.hidden, q + 2 * kv)
+            if tuple(w.shape) != want or tuple(b.shape) != want[1:]:
+                raise PtdError(f"Hugging Face weights: {h}attn.c_attn has shape "
+                               f"{tuple(w.shape)} (bias {tuple(b.shape)}), expected {want} "
+                               f"(bias {want[1:]})")
+            w = w.t()
             for name, lo, hi in (("wq", 0, q), ("wk", q, q + kv), ("wv", q + kv, q + 2 * kv)):
                 out[p + f"attention.{name}.weight"] = w[lo:hi]
                 out[p + f"attention.{name}.bias"] = b[lo:hi]

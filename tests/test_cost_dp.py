@@ -422,3 +422,17 @@ def test_which_stacks_copy_gathered_parameters_out() -> None:
     # Megatron-LM's distributed optimizer and DeepSpeed gather into the parameters' storage
     from ptd.cost.stacks import STACKS, stack_options
     assert {n for n in STACKS if stack_options(n).fsdp_copy_out} == {"ptd", "torchtitan"}
+
+
+def test_fsdp_copies_under_a_pipeline_reduce_once() -> None:
+    # TINY over pp 2 x dp 2, bf16, m = 8 / (2 x 1) = 4. The heavier rank is the last: 2
+    # blocks (73,984) + output layer 16,384 + final norm 64 = 90,432 parameters, shards of
+    # 45,216. One gather a step: 45,216 x 10 + 4 x 90,432 = 813,888 B; the schedule defers
+    # the reduction to its end, once for all 4 micro-batches (ZeRO-2 too): 6 x 90,432 +
+    # 8 x 45,216 = 904,320 B.
+    from ptd.cost import params as P
+    from ptd.cost.dp import fsdp_copy_time
+    p = ParallelPlan(dp=2, pp=2, zero=2, micro_batch=1, global_batch=8, dtype="bf16")
+    assert P.max_local_numel(TINY, p) == 90_432
+    assert fsdp_copy_time(TINY, p, _copy_cpu()) == pytest.approx((813_888e-9, 904_320e-9),
+                                                                 rel=1e-12)

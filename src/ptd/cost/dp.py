@@ -110,7 +110,7 @@ def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
         # the root's unit: the rank's parameters outside its blocks (embedding, final norm,
         # output layer), its own FSDP unit (runtime/parallel/fsdp.py; torchtitan's
         # parallelize_llama.py fully_shard(model) the same)
-        root = max(0, P.max_local_numel(model, plan) - nl * block_params)
+        root = _outside_blocks(model, plan, nl, block_params)
         ag_root = coll("all_gather", root * DTYPE_BYTES[plan.dtype], dp_n, hw, dp_nodes, dp_per)
         rs_root = coll(rs_kind, root * 4, dp_n, hw, dp_nodes, dp_per)
         terms = _zero3_units(plan, nl, m, ag_block, rs_block, blk_f, blk_b, ag_root, rs_root)
@@ -118,6 +118,13 @@ def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
         return DpTerms(terms.total, terms.total + _cpu_late_peers(model, plan, cluster, mbt,
                                                                    recompute_early_stop), 0.0)
     return terms
+
+
+def _outside_blocks(model: ModelSpec, plan: ParallelPlan, nl: int, block: int) -> int:
+    """The heaviest rank's parameters outside its ``nl`` blocks (embedding, final norm,
+    output layer, as its pipeline stages hold them): what FSDP's root unit holds beside any
+    blocks left to it."""
+    return max(0, P.max_local_numel(model, plan) - nl * block)
 
 
 def fsdp_copy_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec
@@ -245,7 +252,7 @@ def _zero12(model: ModelSpec, plan: ParallelPlan, hw: Any, nl: int, blk_f: float
     block = P.local_block_numel(model, plan.tp, plan.ep)  # (experts with it: see _fsdp)
     k = P.zero12_unit_blocks(model, plan.tp, plan.ep)
     n_units = nl // k
-    root = (nl % k) * block + max(0, P.max_local_numel(model, plan) - nl * block)
+    root = (nl % k) * block + _outside_blocks(model, plan, nl, block)
 
     def ag(n: float) -> float:
         return coll("all_gather", n * DTYPE_BYTES[plan.dtype], dp_n, hw, dp_nodes, dp_per)

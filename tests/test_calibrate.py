@@ -159,8 +159,14 @@ def test_op_model_keeps_the_architecture_at_negligible_widths():
 
 def test_shape_sweep_is_stored_relative_to_the_fitted_rate():
     plan, results = _synthetic()
-    # one product of 64x32x64 at 30 GFLOP/s on one worker, whose fitted rate R is 60e9
-    results[0]["compute"]["1"]["gemm_shapes"] = {"fp32": {"64x32x64": 2 * 64 * 32 * 64 / 30e9}}
+    # one worker, fitted rate R 60e9. The machine ran 1.25x faster during the sweep than
+    # during the fit: the fit's 256 call, timed again around the sweep, took 0.8 of the time
+    # it took in the fit. A linear layer of forward 64x32x64 (three products, 3 x 2 m n k
+    # FLOPs) ran at 37.5 GFLOP/s in the sweep, i.e. 30 at the fit's pace: 0.5 of R
+    comp = results[0]["compute"]["1"]
+    comp["gemm_shapes"] = {"fp32": {"64x32x64": 3 * 2 * 64 * 32 * 64 / 37.5e9}}
+    comp["gemm_shapes_ref"] = {"fp32": {"size": 256,
+                                        "seconds": 0.8 * comp["gemm"]["fp32"]["256"]}}
     s = summarize(plan, results)
     assert s["gemm_shapes"]["fp32"]["64x32x64"] == pytest.approx(0.5, rel=1e-6)
     hw = hardware_from_dict(profile_table(s, get_hardware_preset("cpu"), "synth", "cpu", None,

@@ -260,8 +260,11 @@ def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
         out["gemm"][dt] = res
         tick(f"matmul {dt} x{n}")
     if plan.get("gemm_shapes") and n == plan["workers"][0]:
-        out["gemm_shapes"] = {dt: gemm_shapes(plan, dt, device, sync) for dt in plan["dtypes"]}
+        out["gemm_shapes"], out["gemm_shapes_ref"] = {}, {}
         for dt in plan["dtypes"]:
+            ref = max(map(int, out["gemm"][dt]))  # the fit's largest size this worker reached
+            out["gemm_shapes"][dt], out["gemm_shapes_ref"][dt] = gemm_shapes(plan, dt, device,
+                                                                             sync, ref)
             tick(f"matmul shapes {dt}")
 
     out["memory"] = _memory(plan["mem_bytes"] // 4, device, sync, T, rep)
@@ -310,20 +313,40 @@ def attention_times(shapes: list, dt: str, device: torch.device, sync: Sync, pla
     return res
 
 
-def gemm_shapes(plan: dict, dt: str, device: torch.device, sync: Sync) -> dict[str, float]:
-    """Seconds per product for each shape of the sweep (one ``(m x k) @ (k x n)`` a call),
-    smallest first, until a call takes longer than ``max_call_s`` (bf16 on a CPU without
-    bf16 units would take minutes over the whole sweep)."""
+def gemm_shapes(plan: dict, dt: str, device: torch.device, sync: Sync, ref: int
+                ) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds per linear-layer training step for each shape of the sweep, smallest first,
+    until one product takes longer than ``max_call_s`` (bf16 on a CPU without bf16 units
+    would take minutes over the whole sweep); and the reference: the fit's ``ref x ref``
+    call timed again before and after the sweep (``{"size", "seconds"}``, their mean).
+
+    A shape ``(m, n, k)`` is timed as the step runs a linear layer of that forward product:
+    ``X W^T`` (``m x k`` by ``(n x k)^T``), the input gradient ``dY W`` and the weight
+    gradient ``dY^T X`` -- the layouts of the fit's square calls, and the cost model prices
+    a backward at twice its forward at one rate. The reference lets the profile compare
+    each shape with the fit measured at another moment: a shared or virtual machine's
+    rate drifts between stages (a 16-core Xeon VM, 2026-11-27: its first stage, the fit,
+    at 106 GFLOP/s, the sweep seconds later at 143-162 for the same kinds of products)."""
+    a = torch.randn(ref, ref, device=device).to(DTYPES[dt])
+    b = torch.randn(ref, ref, device=device).to(DTYPES[dt])
+    c = torch.empty(ref, ref, device=device, dtype=DTYPES[dt])
+    before = sync.time(lambda: _three_layouts(a, b, c), plan["window_s"], plan["repeats"])
     res: dict[str, float] = {}
     for m, n, k in plan["gemm_shapes"]:
-        a = torch.randn(m, k, device=device).to(DTYPES[dt])
-        b = torch.randn(k, n, device=device).to(DTYPES[dt])
-        c = torch.empty(m, n, device=device, dtype=DTYPES[dt])
-        res[f"{m}x{n}x{k}"] = t = sync.time(lambda: torch.mm(a, b, out=c), plan["window_s"],
-                                           plan["repeats"])
-        if sync.agree(t > plan["max_call_s"]):
+        x = torch.randn(m, k, device=device).to(DTYPES[dt])
+        w = torch.randn(n, k, device=device).to(DTYPES[dt])
+        dy = torch.randn(m, n, device=device).to(DTYPES[dt])
+
+        def step(x: torch.Tensor = x, w: torch.Tensor = w, dy: torch.Tensor = dy) -> None:
+            torch.mm(x, w.t())  # forward
+            torch.mm(dy, w)  # input gradient
+            torch.mm(dy.t(), x)  # weight gradient
+
+        res[f"{m}x{n}x{k}"] = t = sync.time(step, plan["window_s"], plan["repeats"])
+        if sync.agree(t / 3 > plan["max_call_s"]):
             break
-    return res
+    after = sync.time(lambda: _three_layouts(a, b, c), plan["window_s"], plan["repeats"])
+    return res, {"size": ref, "seconds": (before + after) / 2}
 
 
 def _collective(kind: str, nbytes: int, g: int, rank: int, pg: Any,

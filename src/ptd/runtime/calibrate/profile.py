@@ -4,6 +4,9 @@
   ``s x s`` matrices (``X W^T``, ``dY W``, ``dY^T X``: ``3 x 2 s^3`` FLOPs); per worker,
   ``t = 3 c + 6 s^3 / R`` over the sizes (relative-error least squares, :mod:`.fit`), ``c``
   the per-product overhead; ``R`` averaged over the workers that ran at once.
+* matmul shapes: each timed call is a linear layer's three products with forward
+  ``(m, n, k)``; its rate over ``R``, after the drift between the fit and the sweep is taken
+  out (the fit's largest square call, timed again around the sweep: :func:`.bench.gemm_shapes`).
 * memory: bytes read + written per second of a large copy (2 passes) and add (3 passes);
   the profile keeps their mean.
 * operator overhead: seconds per call of a 1-element add, a view, and an add that records
@@ -109,15 +112,21 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
         missing.update(r.get("missing", {}))
     primary = plan["dtypes"][0]
     ratios = [a["ratio"] for per_n in attention.get(primary, {}).values() for a in per_n.values()]
-    shapes = {}
+    w0 = plan["workers"][0]
+    shapes: dict[str, dict[str, list[float]]] = {}
     for r in results:  # the sweep ran on the smallest worker count; its ranks agree on shapes
-        for dt, t in r["compute"].get(str(plan["workers"][0]), {}).get("gemm_shapes", {}).items():
+        comp = r["compute"].get(str(w0), {})
+        for dt, t in comp.get("gemm_shapes", {}).items():
+            ref = comp["gemm_shapes_ref"][dt]
+            # the rate the fit stage measured at the reference size over the rate the sweep
+            # measured there: the machine's drift between the two stages, taken out
+            drift = ref["seconds"] / comp["gemm"][dt][str(ref["size"])]
             for key, sec in t.items():
-                m, n, k = map(int, key.split("x"))
-                shapes.setdefault(dt, {}).setdefault(key, []).append(2.0 * m * n * k / sec)
+                m, n, k = map(int, key.split("x"))  # three products: a linear layer's step
+                shapes.setdefault(dt, {}).setdefault(key, []).append(
+                    3 * 2.0 * m * n * k / sec * drift)
     # relative to the fitted rate R at the same worker count, which the cost model scales
     # to other worker counts
-    w0 = plan["workers"][0]
     attention_shapes: dict[str, dict[str, float]] = {}
     for dt, per_n in attention.items():  # the default shapes at w0, then a model's own
         attention_shapes[dt] = {key: a["ratio"] for key, a in per_n.get(w0, {}).items()}

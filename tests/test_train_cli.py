@@ -194,3 +194,31 @@ def test_fork_server_and_resource_tracker_are_stopped_before_the_outcome_is_prin
     stop_fork_server()
     assert forkserver._forkserver._forkserver_pid is None
     assert resource_tracker._resource_tracker._pid is None
+
+
+def test_rendezvous_event_names_are_the_callers_as_torch_names_them():
+    """The launcher replaces the rendezvous's ``get_method_name`` (two ``inspect.stack()``
+    calls, 0.84 s a launch) with a frame lookup; it must name the same frame: torch's
+    ``inspect.stack()[depth].function``, where frame 0 is ``get_method_name`` itself."""
+    import inspect
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    from ptd.runtime.launch.launcher import _cheap_rendezvous_event_names
+    _cheap_rendezvous_event_names()
+    fast = dr.get_method_name
+    assert fast._ptd
+
+    def as_torch(depth=2):
+        return inspect.stack()[depth].function
+
+    def recording_method(fn, depth):  # frame 2: the method that records the event
+        return helper(fn, depth)
+
+    def helper(fn, depth):  # frame 1: the recorder (dynamic_rendezvous's _record)
+        return fn(depth)
+
+    for depth in (1, 2, 3):
+        assert recording_method(fast, depth) == recording_method(as_torch, depth)
+    assert recording_method(fast, 2) == "recording_method"
+    assert fast(10_000) == "no_method_name"

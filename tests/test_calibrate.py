@@ -379,3 +379,19 @@ def test_a_gpu_takes_its_best_measured_rate_not_the_fit():
     # the default attention shape ran at 30e9 (_synthetic): its ratio is to the rate taken
     assert summarize(dict(plan, device="cuda"), results)["attention_ratio"] == \
         pytest.approx(30e9 / best, rel=1e-9)
+
+
+def test_the_first_stage_follows_a_warm_up(monkeypatch):
+    """Products run untimed before the first stage (a machine that idled runs its first
+    second slow): for a second by default, a fifth of one in a quick calibration; each one
+    of the fit's largest size, synchronised like a timed call."""
+    import torch
+
+    from ptd.runtime.calibrate import bench
+    assert make_plan([1, 2], ["fp32"], False, "cpu")["warmup_s"] == 1.0
+    assert make_plan([1], ["fp32"], True, "cpu")["warmup_s"] == 0.2
+    sizes, syncs = [], []
+    monkeypatch.setattr(bench, "_three_layouts", lambda a, b, c: sizes.append(a.shape[0]))
+    sync = bench.Sync(1, 0, None, None, None, lambda: syncs.append(1), 10.0)
+    bench._warm_up({"gemm_sizes": [64, 96, 32], "warmup_s": 0.01}, torch.device("cpu"), sync)
+    assert sizes and set(sizes) == {96} and len(syncs) == len(sizes)

@@ -248,6 +248,8 @@ def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
     """Matmul, memory, operator-overhead and attention timings on one of ``n`` workers."""
     T, rep = plan["window_s"], plan["repeats"]
     out: dict[str, Any] = {"gemm": {}, "attention": {}}
+    if n == plan["workers"][0] and plan.get("warmup_s"):
+        _warm_up(plan, device, sync)
     for dt in plan["dtypes"]:
         res = {}
         for i, s in enumerate(plan["gemm_sizes"]):
@@ -291,6 +293,20 @@ def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
                                                          sync, plan)
             tick(f"attention shapes {dt}")
     return out
+
+
+def _warm_up(plan: dict, device: torch.device, sync: Sync) -> None:
+    """Products of the fit's largest size, untimed, for ``warmup_s`` before the first stage:
+    a machine that has idled runs its first second slow (a 16-core Xeon VM, 2026-11-27:
+    the first stage, the fit on one worker, at 106 GFLOP/s, the same products on two
+    workers a minute later at 142 each, and one worker's shapes in between at 143-162)."""
+    s = max(plan["gemm_sizes"])
+    a, b = (torch.randn(s, s, device=device) for _ in range(2))
+    c = torch.empty(s, s, device=device)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < plan["warmup_s"]:
+        _three_layouts(a, b, c)
+        sync.sync()
 
 
 def attention_times(shapes: list, dt: str, device: torch.device, sync: Sync, plan: dict

@@ -79,7 +79,7 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
     # GPUs: short windows, each after a rest, so that no window runs at the power limit
     # that back-to-back products reach within half a second (bench.Sync.pause)
     return dict(p, device=device, workers=sorted(set(workers)), dtypes=list(dtypes),
-                pause_s=0.15 if cuda else 0.0,
+                pause_s=0.15 if cuda else 0.0, warmup_s=0.2 if quick else 1.0,
                 gemm_shapes=gemm_sweep(cuda, quick, model_shapes),
                 blocking_bytes=MiB,
                 gemm_sizes=gemm, attn_shapes=attn,

@@ -436,3 +436,33 @@ def test_fsdp_copies_under_a_pipeline_reduce_once() -> None:
     assert P.max_local_numel(TINY, p) == 90_432
     assert fsdp_copy_time(TINY, p, _copy_cpu()) == pytest.approx((813_888e-9, 904_320e-9),
                                                                  rel=1e-12)
+
+
+def test_zero0_expert_parallel_reduces_dense_over_dp_and_experts_over_their_replicas() -> None:
+    # tiny-moe (hidden 64, 4 blocks, 8 SwiGLU experts of 64, 8 heads of 8, 4 kv heads,
+    # vocabulary 256, untied, no biases): a block holds attention 64*64*2 + 64*32*2 = 12,288,
+    # two norms 128, the router 64*8 = 512 and experts 8 * 3 * 64*64 = 98,304; outside the
+    # blocks embedding and output 2 * 256*64 and the final norm 64: 32,832. With ep 2 a rank
+    # holds 4 experts a block: dense 4 * (12,288 + 128 + 512) + 32,832 = 84,544 parameters,
+    # experts 4 * 4 * 12,288 = 196,608 -- fp32 gradients, 338,176 and 786,432 bytes.
+    # EPGradSync: the dense ones over dp 4, the experts over the dp/ep = 2 ranks holding the
+    # same experts, ep * tp = 2 ranks apart: on nodes of 2 devices, one on each of 2 nodes
+    calls = []
+
+    def record(kind, nbytes, n, hw, nodes=1, per_node=None):  # noqa: ANN001
+        calls.append((kind, nbytes, n, nodes, per_node))
+        return 1e-3 * n + nbytes / 1e9 if n > 1 else 0.0  # a group of one: nothing moves
+
+    moe = get_preset("tiny-moe")
+    plan = ParallelPlan(dp=4, ep=2, micro_batch=2, global_batch=8, seq_len=128)
+    t = dp_terms(moe, plan, cluster("h100-sxm", 4, 2), mb(b=1.0), (4, 2, 2), record, False, True)
+    assert calls == [("all_reduce", 338_176, 4, 2, 2), ("all_reduce", 786_432, 2, 2, 1)]
+    want = 4e-3 + 338_176 / 1e9 + 2e-3 + 786_432 / 1e9
+    assert t.total == pytest.approx(want, rel=1e-12)
+    assert t.exposed == pytest.approx(want, rel=1e-12)  # after the backward: nothing hidden
+    # ep = dp: each rank's experts have no replica, only the dense gradients travel
+    calls.clear()
+    plan2 = ParallelPlan(dp=2, ep=2, micro_batch=2, global_batch=8, seq_len=128)
+    t2 = dp_terms(moe, plan2, cluster("h100-sxm", 2), mb(b=1.0), (2, 1, 2), record, False, True)
+    assert calls == [("all_reduce", 338_176, 2, 1, 2), ("all_reduce", 786_432, 1, 1, 1)]
+    assert t2.total == pytest.approx(2e-3 + 338_176 / 1e9, rel=1e-12)

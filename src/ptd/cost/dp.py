@@ -58,8 +58,12 @@ def dp_terms(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: An
     # the last micro-batch's backward, which gradient reduction can hide behind
     window = (mbt.b + mbt.rc + mbt.tb) if dp_overlap else 0.0
     if plan.zero == 0:
-        t_ar = (coll("all_reduce", grad_bytes, dp_n, hw, dp_nodes, dp_per) if not ps_servers
-                else dp_ps_time(grad_bytes, dp_n, ps_servers, hw))  # cost/ps.py
+        if ps_servers:
+            t_ar = dp_ps_time(grad_bytes, dp_n, ps_servers, hw)  # cost/ps.py
+        elif plan.ep > 1 and model.is_moe:
+            t_ar = _ep_all_reduces(model, plan, cluster, group, coll, grad_bytes / local)
+        else:
+            t_ar = coll("all_reduce", grad_bytes, dp_n, hw, dp_nodes, dp_per)
         last_bucket = t_ar * min(1.0, DDP_BUCKET_BYTES / grad_bytes)
         return DpTerms(t_ar, max(last_bucket, t_ar - window), 0.0)
     terms = _fsdp(model, plan, cluster, mbt, group, coll, dp_overlap, recompute_early_stop,
@@ -68,6 +72,26 @@ def dp_terms(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: An
         return terms
     cf, cb = fsdp_copy_time(model, plan, cluster)
     return dataclasses.replace(terms, copy_forward=cf, copy_backward=cb)
+
+
+def _ep_all_reduces(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
+                    group: tuple[int, int, int], coll: Callable[..., float],
+                    bytes_per: float) -> float:
+    """Zero-0 gradient reduction under expert parallelism as the runtime runs it
+    (``runtime/parallel/ep.py``, ``EPGradSync``): two all-reduces, the rank's dense
+    gradients over all ``dp`` replicas, then its routed experts' over the ``dp / ep`` ranks
+    holding the same experts (global ranks ``ep * tp`` apart); each pays its own latency."""
+    from ..specs.layout import node_split
+    from .moe import routed_expert_numel
+    dp_n, dp_nodes, dp_per = group
+    hw = cluster.hardware
+    local = P.max_local_numel(model, plan)
+    r = next(i for i in range(plan.pp) if P.local_numel(model, plan, i) == local)
+    experts = routed_expert_numel(model) // plan.ep * P.layers_per_rank(model, plan)[r]
+    edp = dp_n // plan.ep
+    nodes, per = node_split([i * plan.ep * plan.tp for i in range(edp)], cluster.devices_per_node)
+    return (coll("all_reduce", (local - experts) * bytes_per, dp_n, hw, dp_nodes, dp_per)
+            + coll("all_reduce", experts * bytes_per, edp, hw, nodes, per))
 
 
 def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,

@@ -292,6 +292,12 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
     # each parameter's share of the optimizer phase, beside the per-tensor one
     assert set(hw.overheads_measured["optimizer_param"]) == {1, 2}
     assert all(0 < v < 1e-6 for v in hw.overheads_measured["optimizer_param"].values())
+    # FSDP2's own work per unit and micro-batch, beyond an unsharded model: each FSDP unit
+    # runs hooks and Python around the unit's operators, several plain operators' worth
+    for key in ("fsdp_unit", "fsdp_unit_keep"):
+        for part in ("forward", "backward"):
+            t = hw.overheads_measured[f"{key}_{part}"]
+            assert set(t) == {1, 2} and all(v > hw.op_overhead_measured[n] for n, v in t.items())
     # The rate is per worker, not the sum over workers: with one thread each, two workers
     # each run about as fast as one alone (ratio ~1 on a box with 2 cores or more), a sum
     # would read ~2. Loose, because the phases run seconds apart on a shared machine: CI

@@ -466,3 +466,36 @@ def test_zero0_expert_parallel_reduces_dense_over_dp_and_experts_over_their_repl
     t2 = dp_terms(moe, plan2, cluster("h100-sxm", 2), mb(b=1.0), (2, 1, 2), record, False, True)
     assert calls == [("all_reduce", 338_176, 2, 1, 2), ("all_reduce", 786_432, 1, 1, 1)]
     assert t2.total == pytest.approx(2e-3 + 338_176 / 1e9, rel=1e-12)
+
+
+def test_fsdp_units_cost_their_calibrated_hooks_per_micro_batch() -> None:
+    from ptd.cost.dp import fsdp_unit_time
+    from ptd.specs import ClusterSpec
+    # calibrated per unit and micro-batch, with 2 workers at once (the cluster's node)
+    hw = load_hardware("cpu").replace(overheads_measured={
+        "fsdp_unit_forward": {1: 1e-4, 2: 2e-4}, "fsdp_unit_backward": {1: 1e-4, 2: 3e-4},
+        "fsdp_unit_keep_forward": {2: 5e-5}, "fsdp_unit_keep_backward": {2: 7e-5}})
+    two = ClusterSpec(hw, 2, 2)
+    z3 = ParallelPlan(dp=2, zero=3, micro_batch=2, global_batch=8, seq_len=64)  # 2 micro-batches
+    # ZeRO-3: tiny's 4 blocks a unit each and the root: 5 units, twice
+    assert fsdp_unit_time(TINY, z3, two, 4) == pytest.approx((2 * 5 * 2e-4, 2 * 5 * 3e-4))
+    # ZeRO-1/2: a unit holds 25 MiB of blocks (tiny's 148 kB blocks: all 4 join the root):
+    # one unit, at the kept units' cost
+    z2 = ParallelPlan(dp=2, zero=2, micro_batch=2, global_batch=8, seq_len=64)
+    assert fsdp_unit_time(TINY, z2, two, 4) == pytest.approx((2 * 1 * 5e-5, 2 * 1 * 7e-5))
+    # a pipeline rank with 2 chunks: 2 roots beside its 2 blocks; 4 micro-batches
+    pv = ParallelPlan(pp=2, vpp=2, zero=3, micro_batch=1, global_batch=4, seq_len=64)
+    assert fsdp_unit_time(TINY, pv, two, 2) == pytest.approx((4 * 4 * 2e-4, 4 * 4 * 3e-4))
+    # expert parallelism: each MoE layer's experts are a unit of their own
+    ep = ParallelPlan(dp=2, ep=2, zero=3, micro_batch=2, global_batch=4, seq_len=64)
+    assert fsdp_unit_time(get_preset("tiny-moe"), ep, two, 4) == pytest.approx(
+        (1 * 9 * 2e-4, 1 * 9 * 3e-4))
+    # uncalibrated (GPUs, presets): nothing
+    assert fsdp_unit_time(TINY, z3, cluster("h100-sxm", 8), 4) == (0.0, 0.0)
+    # dp_terms adds them to FSDP's copies, in the forward and the backward
+    plain = ClusterSpec(load_hardware("cpu"), 2, 2)
+    m4 = mb(nl=4)
+    a = dp_terms(TINY, z3, two, m4, (2, 1, 2), coll, True, True)
+    b = dp_terms(TINY, z3, plain, m4, (2, 1, 2), coll, True, True)
+    assert a.copy_forward - b.copy_forward == pytest.approx(2e-3)
+    assert a.copy_backward - b.copy_backward == pytest.approx(3e-3)

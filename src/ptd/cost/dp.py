@@ -35,9 +35,10 @@ class DpTerms:
     exposed: float = 0.0
     opt_comm: float = 0.0
     copy_forward: float = 0.0
-    """FSDP's copies in and out of its collectives' buffers, in the forward and the
-    backward (seconds of computation, where they run and the measurement finds them; see
-    :func:`fsdp_copy_time`)."""
+    """FSDP's own work on the computing thread, in the forward and the backward: the copies
+    in and out of its collectives' buffers (:func:`fsdp_copy_time`) and, where calibrated,
+    its per-unit hooks (:func:`fsdp_unit_time`); seconds of computation, where they run and
+    the measurement finds them."""
     copy_backward: float = 0.0
 
 
@@ -71,7 +72,8 @@ def dp_terms(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: An
     if not fsdp_copy_out:
         return terms
     cf, cb = fsdp_copy_time(model, plan, cluster)
-    return dataclasses.replace(terms, copy_forward=cf, copy_backward=cb)
+    hf, hb = fsdp_unit_time(model, plan, cluster, mbt.nl)
+    return dataclasses.replace(terms, copy_forward=cf + hf, copy_backward=cb + hb)
 
 
 def _ep_all_reduces(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
@@ -149,6 +151,31 @@ def _outside_blocks(model: ModelSpec, plan: ParallelPlan, nl: int, block: int) -
     output layer, as its pipeline stages hold them): what FSDP's root unit holds beside any
     blocks left to it."""
     return max(0, P.max_local_numel(model, plan) - nl * block)
+
+
+def fsdp_unit_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, nl: int
+                   ) -> tuple[float, float]:
+    """(forward, backward) seconds per step of FSDP2's per-unit work beyond its copies and
+    collectives -- its pre- and post-forward and backward hooks, the unit's gather and
+    release, the gradient reduction's bookkeeping -- at the calibrated cost per unit and
+    micro-batch (``overheads_measured["fsdp_unit_forward"]`` and ``_backward``, resharded
+    units, for ZeRO-3; ``fsdp_unit_keep_*`` for ZeRO-1/2: ``ptd calibrate`` times both on a
+    one-rank mesh, ``runtime/calibrate/bench.py``; about 0.18 ms forward and 0.30 ms
+    backward a unit on this 2-core CPU). 0 where not calibrated (GPUs, presets: the hooks
+    run on the host while the device works). Units on the heaviest rank: ZeRO-3 one per
+    block, ZeRO-1/2 one per ``k`` blocks (:func:`ptd.cost.params.zero12_unit_blocks`),
+    plus the root (one per pipeline chunk) and, under ep, each MoE layer's experts. Every
+    micro-batch runs every unit's hooks; ZeRO-1's micro-batches before the last reduce
+    nothing, which this prices as if they did."""
+    keep = "" if plan.zero >= 3 else "_keep"
+    f = cluster.overhead(f"fsdp_unit{keep}_forward")
+    b = cluster.overhead(f"fsdp_unit{keep}_backward")
+    if not f and not b:
+        return 0.0, 0.0
+    blocks = nl if plan.zero >= 3 else nl // P.zero12_unit_blocks(model, plan.tp, plan.ep)
+    units = blocks + (plan.vpp if plan.pp > 1 else 1) + (nl if plan.ep > 1 and model.is_moe else 0)
+    m = plan.n_microbatches
+    return m * units * (f or 0.0), m * units * (b or 0.0)
 
 
 def fsdp_copy_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec

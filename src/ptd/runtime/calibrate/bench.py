@@ -237,10 +237,73 @@ def framework_overheads(sync: Sync, T: float, rep: int, n_tensors: int = 16,
         return {"dtensor_op": dtensor_op,
                 "optimizer_tensor": per_tensor,
                 "optimizer_param": per_param,
-                "optimizer_tensor_dtensor": opt_time(lambda t: distribute_tensor(t, mesh, [Replicate()]))}
+                "optimizer_tensor_dtensor": opt_time(lambda t: distribute_tensor(t, mesh, [Replicate()])),
+                **fsdp_unit_costs(mesh, sync, T, rep)}
     finally:
         if made:
             dist.destroy_process_group()
+
+
+FSDP_BLOCKS = 8
+
+
+def fsdp_unit_costs(mesh: Any, sync: Sync, T: float, rep: int) -> dict[str, float]:
+    """FSDP2's own cost per unit and micro-batch, beyond the work it wraps: its hooks, the
+    unit's gather and release, and its gradient reduction, on a one-rank mesh with units of
+    8 x 8 parameters (their copies and collectives cost next to nothing, so what is left
+    is the per-unit work the cost model prices nowhere else; the copies and collectives at
+    a model's sizes are priced on their own). :data:`FSDP_BLOCKS` blocks, each a unit as
+    ptd's ZeRO-3 makes them, and a root unit over a norm weight, with ptd's gloo reduction
+    (``AllReduceScatter``); forward and backward timed apart, less the same model without
+    FSDP. ``fsdp_unit_*``: resharded after the forward (ZeRO-3);
+    ``fsdp_unit_keep_*``: kept (ZeRO-1/2), each backward reducing."""
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    from ..parallel.fsdp import AllReduceScatter
+
+    class Model(nn.Module):  # ptd's shape: blocks in ``layers``, the rest in the root
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleDict({str(i): nn.Linear(8, 8) for i in range(FSDP_BLOCKS)})
+            self.norm = nn.Parameter(torch.ones(8))
+
+        def forward(self, y: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers.values():
+                y = layer(y)
+            return (y * self.norm).sum()
+
+    def split_time(m: nn.Module) -> tuple[float, float]:
+        """(forward, backward) seconds of one micro-batch: the window's time per call,
+        split by the forward's share of the calls' own clock."""
+        x = torch.randn(4, 8)
+        acc = [0.0, 0.0]
+
+        def step() -> None:
+            t0 = time.perf_counter()
+            y = m(x)
+            t1 = time.perf_counter()
+            y.backward()
+            acc[0] += t1 - t0
+            acc[1] += time.perf_counter() - t0
+        step()
+        acc[:] = [0.0, 0.0]
+        total = sync.time(step, T, rep)
+        share = acc[0] / acc[1] if acc[1] > 0 else 0.5
+        return total * share, total * (1 - share)
+
+    plain_f, plain_b = split_time(Model())
+    out: dict[str, float] = {}
+    for reshard, key in ((True, "fsdp_unit"), (False, "fsdp_unit_keep")):
+        m = Model()
+        units = [*m.layers.values(), m]
+        for u in units:
+            fully_shard(u, mesh=mesh, reshard_after_forward=reshard)
+            u.set_custom_reduce_scatter(AllReduceScatter())  # type: ignore[operator]
+        f, b = split_time(m)
+        out[f"{key}_forward"] = max(0.0, f - plain_f) / len(units)
+        out[f"{key}_backward"] = max(0.0, b - plain_b) / len(units)
+    return out
 
 
 def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,

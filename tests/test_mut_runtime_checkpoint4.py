@@ -68,3 +68,69 @@ def test_an_async_save_reports_the_time_it_held_the_loop(tmp_path, monkeypatch, 
     err = capfd.readouterr().err
     assert "ptd: checkpoint of step 1 staged in 0.25 s; writing in the background" in err
     assert "MiB, 0.25 s after the step, written in the background)" in err
+
+
+# ---- survivors of the fresh sample of seed 20261204 (N 30; docs/testing.md)
+def test_a_checkpoint_every_k_steps_and_after_the_last():
+    # saver.py after_step: step % every == 0 (every 2: 2, 4, 6) or the last step (7)
+    import contextlib
+    ck = saver.Checkpointer.__new__(saver.Checkpointer)
+    ck.every, ck.cfg = 2, types.SimpleNamespace(steps=7)
+    saved = []
+    ck.save = lambda trainer, rec: saved.append(trainer.step)
+    trainer = types.SimpleNamespace(step=0, phase=lambda name: contextlib.nullcontext())
+    for s in range(1, 8):
+        trainer.step = s
+        ck.after_step(trainer, {})
+    assert saved == [2, 4, 6, 7]
+
+
+def test_the_lowest_rank_with_a_non_finite_value_is_named_on_every_rank(monkeypatch):
+    # state.py nonfinite_anywhere on 3 ranks: this one (rank 0) clean, ranks 1 and 2 each
+    # found a value; the all-reduce takes the lowest reporting rank, the gather its name
+    import torch
+
+    from ptd.runtime.checkpoint import state
+
+    class Dist3:
+        ReduceOp = state.dist.ReduceOp
+
+        def get_world_size(self, group=None):
+            return 3
+
+        def all_reduce(self, flag, op=None, group=None):
+            flag.fill_(min(int(flag), 1, 2))  # ranks 1 and 2 report themselves
+
+        def all_gather_object(self, out, obj, group=None):
+            assert len(out) == 3
+            out[:] = [obj, "layers.0.w on its shard", "norm.weight"]
+
+    monkeypatch.setattr(state, "dist", Dist3())
+    got = state.nonfinite_anywhere({"w": torch.ones(2)}, 0, None, torch.device("cpu"))
+    assert got == "layers.0.w on its shard on rank 1"
+
+
+def test_a_deep_check_hashes_every_file(tmp_path):
+    # store.py problems(deep=True) with the default share (0, 1): every file is hashed, the
+    # second of three (same size, other bytes) too
+    from ptd.runtime.checkpoint import store
+    names = [store.DCP_METADATA, "__0_0.distcp", "__1_0.distcp"]
+    for n in names:
+        (tmp_path / n).write_bytes(b"0123456789")
+    files = {n: store.file_entry(tmp_path / n) for n in names}
+    (tmp_path / names[1]).write_bytes(b"0123456780")
+    ckpt = store.Checkpoint(tmp_path, {"files": files})
+    assert sorted(files)[1] == names[1]
+    assert store.problems(ckpt, deep=True) == [f"{names[1]} does not match its SHA-256 (corrupted)"]
+    assert store.problems(ckpt, deep=False) == []
+
+
+def test_a_gelu_model_with_rmsnorm_and_rope_has_no_hugging_face_class():
+    # hf.py architecture: Llama needs SwiGLU; GELU with RMSNorm and RoPE is neither class
+    from ptd.errors import PtdError
+    from ptd.runtime.checkpoint.hf import architecture
+    spec = get_preset("tiny").replace(mlp="gelu")
+    assert (spec.norm, spec.position) == ("rmsnorm", "rope")
+    with pytest.raises(PtdError, match="no Hugging Face class has mlp=gelu, norm=rmsnorm"):
+        architecture(spec)
+    assert architecture(get_preset("tiny")) == "llama"

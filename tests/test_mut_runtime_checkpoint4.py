@@ -65,9 +65,15 @@ def test_an_async_save_reports_the_time_it_held_the_loop(tmp_path, monkeypatch, 
     finally:
         shutdown()
     assert ck.save_seconds == [0.25]
+    # the note gives the checkpoint's size in MiB: its manifest's files
+    import json
+    final = tmp_path / "run" / "checkpoints" / "step_00000001"
+    files = json.loads((final / "ptd.json").read_text())["files"]
+    mib = sum(e["size"] for e in files.values()) / 2**20
     err = capfd.readouterr().err
     assert "ptd: checkpoint of step 1 staged in 0.25 s; writing in the background" in err
-    assert "MiB, 0.25 s after the step, written in the background)" in err
+    assert f"({mib:.1f} MiB, 0.25 s after the step, written in the background)" in err
+    assert mib >= 0.1  # (tiny's weights and Adam's states: the figure is not a rounded 0)
 
 
 # ---- survivors of the fresh sample of seed 20261204 (N 30; docs/testing.md)
@@ -134,3 +140,68 @@ def test_a_gelu_model_with_rmsnorm_and_rope_has_no_hugging_face_class():
     with pytest.raises(PtdError, match="no Hugging Face class has mlp=gelu, norm=rmsnorm"):
         architecture(spec)
     assert architecture(get_preset("tiny")) == "llama"
+
+
+# ---- survivors of the fresh sample of seed 20261205 (N 30; docs/testing.md)
+def _safetensors(path, header, data=b""):
+    import json
+    import struct
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    return path
+
+
+def test_a_zero_sized_tensor_is_a_well_formed_weight(tmp_path):
+    # weights_check.py: a dimension of 0 is a shape (an empty tensor, no bytes), not damage
+    from ptd.runtime.checkpoint.weights_check import check_header
+    f = _safetensors(tmp_path / "a.safetensors",
+                     {"w": {"dtype": "F32", "shape": [0, 4], "data_offsets": [0, 0]},
+                      "v": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8)
+    assert set(check_header(f)) == {"w", "v"}
+
+
+def test_offsets_that_are_no_pair_are_a_malformed_entry(tmp_path):
+    # weights_check.py: data_offsets 8 (not a pair) fails to unpack with a TypeError
+    from ptd.errors import PtdError
+    from ptd.runtime.checkpoint.weights_check import check_header
+    f = _safetensors(tmp_path / "b.safetensors",
+                     {"w": {"dtype": "F32", "shape": [2], "data_offsets": 8}}, b"\0" * 8)
+    with pytest.raises(PtdError, match="tensor 'w' has a malformed header entry"):
+        check_header(f)
+
+
+def test_a_checkpoint_past_step_0_must_hold_the_optimizer_state(tmp_path, monkeypatch):
+    # restore.py metadata_problems: from step 1 on, Adam's exp_avg of every parameter
+    import torch.distributed.checkpoint as dcp
+
+    from ptd.runtime.checkpoint import restore
+
+    class Reader:
+        def __init__(self, path):
+            pass
+
+        def read_metadata(self):
+            return types.SimpleNamespace(state_dict_metadata={
+                "model.w": types.SimpleNamespace(size=(2, 3))})
+
+    monkeypatch.setattr(dcp, "FileSystemReader", Reader)
+    monkeypatch.setattr(restore, "expected_params", lambda model, split: {"w": (2, 3)})
+    cfg = types.SimpleNamespace(model=None, plan=types.SimpleNamespace(tp_split=None))
+    ckpt = lambda step: types.SimpleNamespace(path=tmp_path, step=step, config=cfg)  # noqa: E731
+    assert restore.metadata_problems(ckpt(0)) == []
+    assert restore.metadata_problems(ckpt(1)) == [
+        "1 tensor(s) its config implies are not in .metadata (first: optim.state.w.exp_avg)"]
+
+
+def test_only_a_full_disk_is_reported_as_one(tmp_path):
+    # saver.py disk_full: ENOSPC (28) is a full disk; EROFS (30), a read-only filesystem,
+    # is not, and goes back to the caller to be re-raised
+    import errno
+
+    from ptd.errors import PtdFault
+    (tmp_path / "tmp").mkdir()
+    saver.disk_full(OSError(errno.EROFS, "Read-only file system"), tmp_path / "tmp", 3, [])
+    assert not (tmp_path / "tmp").exists()  # the partial checkpoint is removed either way
+    with pytest.raises(PtdFault, match=r"^disk full: no space left on device writing .* "
+                                       r"\(checkpoint of step 3\); .* no earlier checkpoint"):
+        saver.disk_full(OSError(errno.ENOSPC, "No space"), tmp_path / "tmp", 3, [])

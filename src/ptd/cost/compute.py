@@ -190,14 +190,14 @@ def eager_time(passes: dict[str, list[float]], bw: float, gpu: bool,
 def gemm_time(g: Gemm, rate: float, bw: float, act_bytes: int, hw: HardwareSpec | None = None,
               dtype: str | None = None) -> float:
     """Roofline time of ``g``. Its rate: the measured one for its shape where the profile
-    has a sweep for ``dtype`` (:func:`shape_fraction`); else, with a GPU's shape model
-    (``hw.sm_count``), the rate its shape reaches, plus the kernel's launch cost; else
-    ``rate``."""
+    has a sweep for ``dtype`` (:func:`shape_fraction`; the sweep timed products launched
+    back to back from Python, so a small product's launch is in its measured rate); else,
+    with a GPU's shape model (``hw.sm_count``), the rate its shape reaches, plus the
+    kernel's launch cost; else ``rate``."""
     mem = act_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count
     measured = shape_fraction(hw, dtype, g.m, g.n, g.k) if hw is not None and dtype else None
     if measured is not None:
-        launch = hw.kernel_launch * g.count if hw is not None else 0.0
-        return max(g.flops / (rate * measured), mem / bw) + launch
+        return max(g.flops / (rate * measured), mem / bw)
     if hw is None or not hw.sm_count or g.m < 1 or g.n < 1:
         return max(g.flops / rate, mem / bw)
     eff = shape_efficiency(g.m, g.n, g.k, hw.sm_count, g.count)

@@ -353,3 +353,17 @@ def test_ptd_export_header_and_file_names():
     assert X.launch_filename("out/ds.json") == "ds.launch.sh"
     assert X.launch_filename("cfg") == "cfg.launch.sh"
     assert X.default_filename("megatron") == "megatron_launch.sh"
+
+
+def test_a_2d_tensor_parallel_plan_exports_only_as_ptd():
+    # export.py: 2-D tp (a 2 x 2 mesh for tp 4) exists in ptd alone; every other framework
+    # refuses it, Megatron-LM ("megatron" sorts before "ptd") as much as torchtitan
+    import pytest
+
+    from ptd.errors import PtdError
+    from ptd.cost.estimate import estimate
+    e = estimate(TINY, cluster("cpu", 4), P(tp=4, tp_mode="2d", dtype="fp32", micro_batch=2))
+    for fmt in ("megatron", "deepspeed", "torchtitan"):
+        with pytest.raises(PtdError, match=f"^{fmt} has no 2d tensor parallelism"):
+            X.export_files(e, fmt)
+    assert 'tp_mode = "2d"' in X.export_files(e, "ptd").text

@@ -367,3 +367,19 @@ def test_a_2d_tensor_parallel_plan_exports_only_as_ptd():
         with pytest.raises(PtdError, match=f"^{fmt} has no 2d tensor parallelism"):
             X.export_files(e, fmt)
     assert 'tp_mode = "2d"' in X.export_files(e, "ptd").text
+
+
+def test_megatron_fsdp_from_zero_2_and_the_gpipe_note_for_gpipe_only():
+    # export_megatron.py (fresh sample, seed 20261206): ZeRO-2 is Megatron-FSDP already
+    # (optim_grads), so its script unsets CUDA_DEVICE_MAX_CONNECTIONS as ZeRO-3's does
+    text, _ = MG.script(E(TINY, P(dp=2, zero=2)), (4,), None, CFG, "S")
+    assert "\nunset CUDA_DEVICE_MAX_CONNECTIONS" in text
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS" not in text
+    # "no GPipe schedule" is said of GPipe plans alone (interleaved and zero-bubble sort
+    # after "gpipe"; 1F1B before it)
+    gpipe_note = "Megatron-LM has no GPipe schedule: written as 1F1B"
+    for schedule, vpp, said in (("gpipe", 1, True), ("1f1b", 1, False),
+                                ("interleaved-1f1b", 2, False), ("zero-bubble", 1, False)):
+        _, notes = MG.arguments(E(TINY, P(pp=2, vpp=vpp, schedule=schedule, micro_batch=1)),
+                                (2, 2) if vpp == 1 else (1, 1, 1, 1), None, CFG)
+        assert any(gpipe_note in n for n in notes) == said, (schedule, notes)

@@ -62,7 +62,7 @@ def dp_terms(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: An
         if ps_servers:
             t_ar = dp_ps_time(grad_bytes, dp_n, ps_servers, hw)  # cost/ps.py
         elif plan.ep > 1 and model.is_moe:
-            t_ar = _ep_all_reduces(model, plan, cluster, group, coll, grad_bytes / local)
+            t_ar = _ep_all_reduces(model, plan, cluster, group, coll, local, grad_bytes / local)
         else:
             t_ar = coll("all_reduce", grad_bytes, dp_n, hw, dp_nodes, dp_per)
         last_bucket = t_ar * min(1.0, DDP_BUCKET_BYTES / grad_bytes)
@@ -77,17 +77,17 @@ def dp_terms(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: An
 
 
 def _ep_all_reduces(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
-                    group: tuple[int, int, int], coll: Callable[..., float],
+                    group: tuple[int, int, int], coll: Callable[..., float], local: int,
                     bytes_per: float) -> float:
     """Zero-0 gradient reduction under expert parallelism as the runtime runs it
     (``runtime/parallel/ep.py``, ``EPGradSync``): two all-reduces, the rank's dense
     gradients over all ``dp`` replicas, then its routed experts' over the ``dp / ep`` ranks
-    holding the same experts (global ranks ``ep * tp`` apart); each pays its own latency."""
+    holding the same experts (global ranks ``ep * tp`` apart); each pays its own latency.
+    ``local``: the heaviest rank's parameters (:func:`ptd.cost.params.max_local_numel`)."""
     from ..specs.layout import node_split
     from .moe import routed_expert_numel
     dp_n, dp_nodes, dp_per = group
     hw = cluster.hardware
-    local = P.max_local_numel(model, plan)
     r = next(i for i in range(plan.pp) if P.local_numel(model, plan, i) == local)
     experts = routed_expert_numel(model) // plan.ep * P.layers_per_rank(model, plan)[r]
     edp = dp_n // plan.ep

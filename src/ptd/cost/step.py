@@ -251,6 +251,9 @@ def micro_batch(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, atte
     dt_ovh = (cluster.overhead("dtensor_op") or 0.0) if plan.tp > 1 else 0.0
     blk = _block_time(model, hw, s, mb, plan.tp, plan.sp, plan.dtype, rate, attention, bw,
                       ovh, dt_ovh, elementwise, plan.ep)
+    if plan.ep > 1 and model.is_moe:
+        ef, eb, _ = ep_layer_overheads(cluster)
+        blk = dataclasses.replace(blk, forward=blk.forward + ef, backward=blk.backward + eb)
     out_f, out_b = _output_time(model, hw, tokens, plan.tp, plan.dtype, rate, bw, ovh,
                                 dt_ovh, plan.sp, elementwise)
     ar, n_block_f, n_block_b, n_out_f, tp_out_f = _tp_collectives(
@@ -383,10 +386,31 @@ def optimizer_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, m
     return optimizer, tp_step
 
 
+EP_ROW_ALL_TO_ALLS = (2, 2)
+"""The rows' all-to-alls of one MoE layer and micro-batch under ep (runtime/parallel/ep.py):
+there and back in the forward, both again with the gradients in the backward."""
+
+
+def ep_layer_overheads(cluster: ClusterSpec) -> tuple[float, float, float]:
+    """Expert parallelism's own work per MoE block and micro-batch beyond its products and
+    the all-to-alls' alpha-beta time, as ``ptd calibrate`` times it on CPUs
+    (``overheads_measured["ep_layer_*"]``: DTensor expert weights and their gradients, the
+    index arithmetic, the functional all-to-alls' wrappers and waits; 0 uncalibrated):
+    ``(forward, backward)`` computation without the wrappers, and the wrappers' seconds
+    (``ep_all_to_all_*``, per call, times :data:`EP_ROW_ALL_TO_ALLS`), which a run's
+    measurement counts as the all-to-alls' time."""
+    def get(key: str) -> float:
+        return cluster.overhead(key) or 0.0
+    calls_f = EP_ROW_ALL_TO_ALLS[0] * get("ep_all_to_all_forward")
+    calls_b = EP_ROW_ALL_TO_ALLS[1] * get("ep_all_to_all_backward")
+    return (max(0.0, get("ep_layer_forward") - calls_f),
+            max(0.0, get("ep_layer_backward") - calls_b), calls_f + calls_b)
+
+
 def _ep_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: MicroBatch,
              rate: float, imbalance: float) -> float:
-    """:func:`ptd.cost.moe.ep_comm_time` over the ep group's placement, plus imbalance.
-    No late-peer wait (``blocking_wait``) is added: the one calibrated for tensor-parallel
+    """:func:`ptd.cost.moe.ep_comm_time` over the ep group's placement, plus imbalance and
+    the functional all-to-alls' own calls (:func:`ep_layer_overheads`). No late-peer wait (``blocking_wait``) is added: the one calibrated for tensor-parallel
     all-reduces over-priced ep's all-to-alls 2.5x on this CPU (tiny-moe, ep 2 of dp 4:
     96.6 ms predicted, 39-46 measured, docs/moe.md)."""
     if not model.is_moe:
@@ -396,4 +420,6 @@ def _ep_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Mi
     comm = MOE.ep_comm_time(model, plan, mbt.nl,
                             lambda kind, nbytes, n: _coll(kind, nbytes, n, hw, nodes, per_node),
                             imbalance)
+    if plan.ep > 1:
+        comm += mbt.nl * plan.n_microbatches * ep_layer_overheads(cluster)[2]
     return comm + MOE.imbalance_compute_time(model, plan, mbt.nl, rate, imbalance)

@@ -238,7 +238,7 @@ def framework_overheads(sync: Sync, T: float, rep: int, n_tensors: int = 16,
                 "optimizer_tensor": per_tensor,
                 "optimizer_param": per_param,
                 "optimizer_tensor_dtensor": opt_time(lambda t: distribute_tensor(t, mesh, [Replicate()])),
-                **fsdp_unit_costs(mesh, sync, T, rep)}
+                **fsdp_unit_costs(mesh, sync, T, rep), **ep_layer_costs(sync, T, rep)}
     finally:
         if made:
             dist.destroy_process_group()
@@ -273,24 +273,10 @@ def fsdp_unit_costs(mesh: Any, sync: Sync, T: float, rep: int) -> dict[str, floa
                 y = layer(y)
             return (y * self.norm).sum()
 
-    def split_time(m: nn.Module) -> tuple[float, float]:
-        """(forward, backward) seconds of one micro-batch: the window's time per call,
-        split by the forward's share of the calls' own clock."""
-        x = torch.randn(4, 8)
-        acc = [0.0, 0.0]
+    x = torch.randn(4, 8)
 
-        def step() -> None:
-            t0 = time.perf_counter()
-            y = m(x)
-            t1 = time.perf_counter()
-            y.backward()
-            acc[0] += t1 - t0
-            acc[1] += time.perf_counter() - t0
-        step()
-        acc[:] = [0.0, 0.0]
-        total = sync.time(step, T, rep)
-        share = acc[0] / acc[1] if acc[1] > 0 else 0.5
-        return total * share, total * (1 - share)
+    def split_time(m: nn.Module) -> tuple[float, float]:
+        return _forward_backward_time(lambda: m(x), sync, T, rep)
 
     plain_f, plain_b = split_time(Model())
     out: dict[str, float] = {}
@@ -304,6 +290,82 @@ def fsdp_unit_costs(mesh: Any, sync: Sync, T: float, rep: int) -> dict[str, floa
         out[f"{key}_forward"] = max(0.0, f - plain_f) / len(units)
         out[f"{key}_backward"] = max(0.0, b - plain_b) / len(units)
     return out
+
+
+def _forward_backward_time(forward: Callable[[], torch.Tensor], sync: Sync, T: float, rep: int
+                           ) -> tuple[float, float]:
+    """(forward, backward) seconds of one call of ``forward`` (a scalar) and its backward:
+    the window's time per call, split by the forward's share of the calls' own clock."""
+    acc = [0.0, 0.0]
+
+    def step() -> None:
+        t0 = time.perf_counter()
+        y = forward()
+        t1 = time.perf_counter()
+        y.backward()
+        acc[0] += t1 - t0
+        acc[1] += time.perf_counter() - t0
+    step()
+    acc[:] = [0.0, 0.0]
+    total = sync.time(step, T, rep)
+    share = acc[0] / acc[1] if acc[1] > 0 else 0.5
+    return total * share, total * (1 - share)
+
+
+EP_TOKENS = 64
+EP_ALL_TO_ALLS = (3, 2)
+"""All-to-alls of one MoE layer under ep (runtime/parallel/ep.py): forward the counts and the
+rows there and back, backward the rows' gradients both ways."""
+
+
+def ep_layer_costs(sync: Sync, T: float, rep: int) -> dict[str, float]:
+    """Expert parallelism's own cost per MoE layer and micro-batch, beyond the layer's work
+    and its all-to-alls' alpha-beta time: ptd's MoE layer (``tiny-moe``'s shape, 64 tokens)
+    with its experts sharded over a one-rank ep mesh (DTensor weights and their gradients,
+    the functional all-to-alls' autograd wrappers and waits, the split and regroup index
+    arithmetic), forward and backward timed apart, less the same layer without ep and less
+    the bare one-rank all-to-alls it runs (their cost is in the calibrated collectives'
+    latency, which prices each one). ``ep_all_to_all_*``: the part of it that one rows'
+    all-to-all adds as the layer calls it (``all_to_all_single_autograd`` and its wait),
+    which a run's measurement counts as communication. Needs a one-rank world
+    (:func:`framework_overheads`)."""
+    import torch.distributed._functional_collectives as fc
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from ...specs import get_preset
+    from ..model.moe import MoE
+    from ..parallel.ep import apply_ep
+    spec = get_preset("tiny-moe")
+
+    def layer(ep: bool) -> torch.nn.Module:
+        torch.manual_seed(0)
+        m = MoE(spec)
+        for p in m.parameters():
+            torch.nn.init.normal_(p, std=0.05)
+        if ep:
+            apply_ep(m, init_device_mesh("cpu", (1,), mesh_dim_names=("ep",)))
+        return m
+    x = torch.randn(1, EP_TOKENS, spec.hidden)
+    plain, sharded = layer(False), layer(True)
+    pf, pb = _forward_backward_time(lambda: plain(x).sum(), sync, T, rep)
+    ef, eb = _forward_backward_time(lambda: sharded(x).sum(), sync, T, rep)
+    src = torch.zeros(8, dtype=torch.int64)
+    dst = torch.empty_like(src)
+    group = sharded.experts.ep_group
+    a2a = sync.time(lambda: dist.all_to_all_single(dst, src, group=group), T, rep)
+    # one rows' all-to-all as ep.py calls it (autograd, waited at once), forward and
+    # backward, less a bare one and the sum that makes it a scalar: what the measurement
+    # counts as the all-to-all's own time beyond the collective
+    rows = torch.randn(EP_TOKENS * spec.top_k, spec.hidden, requires_grad=True)
+    splits = [rows.shape[0]]
+    cf, cb = _forward_backward_time(
+        lambda: fc.wait_tensor(fc.all_to_all_single_autograd(rows, splits, splits, group)).sum(),
+        sync, T, rep)
+    sf, sb = _forward_backward_time(lambda: rows.sum(), sync, T, rep)
+    return {"ep_layer_forward": max(0.0, ef - pf - EP_ALL_TO_ALLS[0] * a2a),
+            "ep_layer_backward": max(0.0, eb - pb - EP_ALL_TO_ALLS[1] * a2a),
+            "ep_all_to_all_forward": max(0.0, cf - sf - a2a),
+            "ep_all_to_all_backward": max(0.0, cb - sb - a2a)}
 
 
 def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,

@@ -100,3 +100,24 @@ def test_decorator_forms():
     assert a(k) is a(k)
     assert b(k, k) is b(k, k)
     assert b(k, []) is not b(k, [])   # the second list is a new object each time
+
+
+def test_maxsize_0_keeps_only_the_last_entry():
+    # maxsize 0: every miss finds the table at (or past) its size and empties it before
+    # storing, so the memo never holds more than the entry just stored. An entry keeps its
+    # identity arguments alive, so count the ones still alive: of five distinct objects
+    # passed in turn, only the fifth (the last entry) survives a collection.
+    import gc
+    import weakref
+
+    class Obj:
+        pass
+
+    g = memo(lambda o: 0, maxsize=0)   # returns 0: the value holds no reference to o
+    objs = [Obj() for _ in range(5)]
+    refs = [weakref.ref(o) for o in objs]
+    for o in objs:
+        g(o)
+    del objs, o
+    gc.collect()
+    assert [r() is not None for r in refs] == [False, False, False, False, True]

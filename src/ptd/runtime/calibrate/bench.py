@@ -275,7 +275,7 @@ def fsdp_unit_costs(mesh: Any, sync: Sync, T: float, rep: int) -> dict[str, floa
 
     x = torch.randn(4, 8)
 
-    def split_time(m: nn.Module) -> tuple[float, float]:
+    def split_time(m: torch.nn.Module) -> tuple[float, float]:
         return _forward_backward_time(lambda: m(x), sync, T, rep)
 
     plain_f, plain_b = split_time(Model())

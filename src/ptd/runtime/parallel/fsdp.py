@@ -60,7 +60,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy,
                                     fully_shard)
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from ...specs import ParallelPlan
 from ..precision import DTYPES
@@ -123,7 +123,6 @@ def shard_experts(model: nn.Module, ep_mesh: DeviceMesh, plan: ParallelPlan,
     it, so the global-batch mean is the *sum* over edp divided by dp (not the mean over
     edp FSDP takes by default; :class:`~.ep.EPGradSync` at zero 0): the divide factor is
     set to dp. On gloo the reduce-scatter is :class:`AllReduceScatter` dividing by dp."""
-    from torch.distributed.tensor import Shard
     from ..model.moe import GroupedExperts
     edp = ep_mesh["edp"]
 

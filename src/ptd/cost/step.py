@@ -410,9 +410,10 @@ def ep_layer_overheads(cluster: ClusterSpec) -> tuple[float, float, float]:
 def _ep_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: MicroBatch,
              rate: float, imbalance: float) -> float:
     """:func:`ptd.cost.moe.ep_comm_time` over the ep group's placement, plus imbalance and
-    the functional all-to-alls' own calls (:func:`ep_layer_overheads`). No late-peer wait (``blocking_wait``) is added: the one calibrated for tensor-parallel
-    all-reduces over-priced ep's all-to-alls 2.5x on this CPU (tiny-moe, ep 2 of dp 4:
-    96.6 ms predicted, 39-46 measured, docs/moe.md)."""
+    the functional all-to-alls' own calls (:func:`ep_layer_overheads`). No late-peer wait
+    (``blocking_wait``) is added: the one calibrated for tensor-parallel all-reduces
+    over-priced ep's all-to-alls 2.5x on this CPU (tiny-moe, ep 2 of dp 4: 96.6 ms
+    predicted, 39-46 measured, docs/moe.md)."""
     if not model.is_moe:
         return 0.0
     nodes, per_node = MOE.ep_node_split(plan, cluster.devices_per_node)

@@ -158,9 +158,14 @@ class HardwareSpec:
     share of the optimizer phase -- gradient-norm, clipping, single-tensor AdamW -- on plain
     tensors), ``optimizer_tensor_dtensor`` (the same on DTensor parameters, as FSDP and
     tensor parallelism make them) and ``optimizer_param`` (what each parameter adds to that
-    phase, timed on 256 x 256 tensors; it replaces the bytes at the copy bandwidth). Absent:
-    0 for ``dtensor_op``, operator counts times ``op_overhead`` and bytes over the bandwidth
-    for the optimizer. A ``blocking_collective`` entry (one wait per
+    phase, timed on 256 x 256 tensors; it replaces the bytes at the copy bandwidth),
+    ``fsdp_unit_forward`` / ``_backward`` and ``fsdp_unit_keep_*`` (FSDP2's own work per unit
+    and micro-batch, resharded and kept: ``ptd.cost.dp.fsdp_unit_time``), ``ep_layer_forward``
+    / ``_backward`` (expert parallelism's own work per MoE layer and micro-batch) and
+    ``ep_all_to_all_forward`` / ``_backward`` (one rows' all-to-all call's share of it:
+    ``ptd.cost.step.ep_layer_overheads``). Absent: 0 for ``dtensor_op``, the FSDP and ep
+    entries, operator counts times ``op_overhead`` and bytes over the bandwidth for the
+    optimizer. A ``blocking_collective`` entry (one wait per
     collective, whatever the chunk before it) is used only where ``blocking_wait_measured``
     is absent."""
     blocking_wait_measured: dict[int, tuple[tuple[float, float], ...]] = field(

@@ -292,6 +292,14 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
     # each parameter's share of the optimizer phase, beside the per-tensor one
     assert set(hw.overheads_measured["optimizer_param"]) == {1, 2}
     assert all(0 < v < 1e-6 for v in hw.overheads_measured["optimizer_param"].values())
+    # and on DTensor shards (Shard(0), as FSDP, tp and ep make them): per tensor several
+    # plain tensors' worth (sharding propagation for every AdamW operator), per parameter
+    # a few nanoseconds as well
+    for n in (1, 2):
+        assert (hw.overheads_measured["optimizer_tensor_dtensor"][n]
+                > 2 * hw.overheads_measured["optimizer_tensor"][n])
+    assert set(hw.overheads_measured["optimizer_param_dtensor"]) == {1, 2}
+    assert all(0 < v < 1e-6 for v in hw.overheads_measured["optimizer_param_dtensor"].values())
     # FSDP2's own work per unit and micro-batch, beyond an unsharded model: each FSDP unit
     # runs hooks and Python around the unit's operators, several plain operators' worth
     for key in ("fsdp_unit", "fsdp_unit_keep"):

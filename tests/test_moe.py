@@ -458,6 +458,18 @@ def test_optimizer_prices_expert_dtensors_under_ep_alone_by_hand():
     local = 2 * 256 * 64 + 64 + 4 * (128 + 12288 + 512 + 49152)
     assert optimizer_time(m, plan, ClusterSpec(per, 1), mbt)[0] == pytest.approx(
         32 * 1e-4 + 12 * 5e-4 + local * 1e-9)
+    # a measured cost per DTensor parameter (3e-9 s): the experts' 4 x 49,152 parameters pay
+    # it instead of the plain one; under ZeRO-1 every parameter of the rank's shard does
+    # (281,152 / dp 2 = 140,576 of them)
+    dt = dataclasses.replace(per, overheads_measured=dict(per.overheads_measured,
+                                                          optimizer_param_dtensor={1: 3e-9}))
+    assert optimizer_time(m, plan, ClusterSpec(dt, 1), mbt)[0] == pytest.approx(
+        32 * 1e-4 + 12 * 5e-4 + local * 1e-9 + 4 * 49152 * (3e-9 - 1e-9))
+    assert optimizer_time(m, plan.replace(zero=1), ClusterSpec(dt, 1), mbt)[0] == pytest.approx(
+        44 * 5e-4 + 140576 * 3e-9)
+    # without ep and ZeRO (and tp) nothing is a DTensor: the plain cost per parameter
+    assert optimizer_time(m, plan.replace(ep=1), ClusterSpec(dt, 1), mbt)[0] == pytest.approx(
+        44 * 1e-4 + (local + 4 * 49152) * 1e-9)
 
 
 def test_experts_run_in_the_autocast_dtype(monkeypatch):

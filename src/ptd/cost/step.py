@@ -368,15 +368,24 @@ def optimizer_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, m
     n_tensors = len(P.layer_params(model)) * mbt.nl + 4
     dtensor_params = plan.tp > 1 or plan.zero >= 1  # FSDP's shards are DTensors
     per_tensor = cluster.overhead("optimizer_tensor_dtensor" if dtensor_params else "optimizer_tensor")
+    per_param = cluster.overhead("optimizer_param")
+    per_param_dt = cluster.overhead("optimizer_param_dtensor")
+    if dtensor_params and per_param_dt is not None:
+        per_param = per_param_dt
     optimizer = C.optimizer_time(opt_params, n_tensors, hw, plan.offload, cluster.memory_bandwidth,
-                                 cluster.op_overhead, per_tensor, cluster.overhead("optimizer_param"))
+                                 cluster.op_overhead, per_tensor, per_param)
     if plan.ep > 1 and not dtensor_params:
         # expert parallelism alone: the routed experts are DTensors (sharded over ep), the
-        # rest plain -- each expert tensor pays the DTensor phase's cost instead
-        n_exp = sum(P.is_routed_expert(p) for p in P.layer_params(model)) * mbt.nl
+        # rest plain -- each expert tensor, and each of its parameters, pays the DTensor
+        # phase's cost instead
+        layer = P.layer_params(model)
+        n_exp = sum(P.is_routed_expert(p) for p in layer) * mbt.nl
         dt = cluster.overhead("optimizer_tensor_dtensor")
         if dt is not None and per_tensor is not None:
             optimizer += n_exp * (dt - per_tensor)
+        if per_param_dt is not None and per_param is not None:
+            exp_numel = MOE.routed_expert_numel(model) // plan.ep * mbt.nl
+            optimizer += exp_numel * (per_param_dt - per_param)
     if not (plan.tp > 1 and plan.sp and plan.zero == 0):  # (FSDP reduces them itself)
         return optimizer, 0.0
     tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")

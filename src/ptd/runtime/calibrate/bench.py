@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ...cost.step import EP_ROW_ALL_TO_ALLS
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -321,9 +323,10 @@ def _forward_backward_time(forward: Callable[[], torch.Tensor], sync: Sync, T: f
 
 
 EP_TOKENS = 64
-EP_ALL_TO_ALLS = (3, 2)
-"""All-to-alls of one MoE layer under ep (runtime/parallel/ep.py): forward the counts and the
-rows there and back, backward the rows' gradients both ways."""
+EP_ALL_TO_ALLS = (EP_ROW_ALL_TO_ALLS[0] + 1, EP_ROW_ALL_TO_ALLS[1])
+"""All-to-alls of one MoE layer under ep (runtime/parallel/ep.py): the rows' (there and back
+in the forward and the backward, as the cost model counts them) and the forward's exchange of
+the counts."""
 
 
 def ep_layer_costs(sync: Sync, T: float, rep: int) -> dict[str, float]:

@@ -1,8 +1,13 @@
-"""Honest on this machine: the planner's ranked plans for the tiny model on 4 CPU
-workers, each run for real (`ptd plan --try`), and its top plan's measured throughput
-within 10% of the best measured one. The reduced set holds tensor parallelism at 1 (its
-plans are 3-10x slower here, predicted and measured alike; the table in docs/benchmarks.md runs every
-layout) so that the three layouts left -- dp 4, dp 2 x pp 2, pp 4 -- are the close ones."""
+"""`ptd plan --try`: the planner's ranked plans, each run for real, and its verdict.
+
+The dist test runs the reduced set for the tiny model on 4 CPU workers (tensor parallelism
+held at 1, so three layouts: dp 4, dp 2 x pp 2, pp 4) and checks what the command must get
+right whatever the machine's speed: every plan ran every round and measured something, and
+the verdict is the arithmetic of those measurements. It asserts no measured ratio: here the
+three layouts' rates lie within a tenth of each other while one plan's two rounds differed
+by a fifth (11.6 and 14.3 k tokens/s, 2026-11-27), and a CI box once measured the top plan
+at 0.89 of the best. Whether the top plan is near the best measured is a benchmark, not a
+test: docs/benchmarks.md (`plan --try` on a 2-core CPU) holds the command and its result."""
 
 import json
 import os
@@ -66,26 +71,34 @@ def test_try_refuses_what_it_cannot_do(extra, msg, tmp_path):
 
 
 @pytest.mark.dist
-@pytest.mark.timeout(360)
-def test_top_plan_is_within_10pct_of_the_best_measured(tmp_path):
+@pytest.mark.timeout(240)
+def test_try_runs_every_plan_every_round_and_its_verdict_is_their_arithmetic(tmp_path):
     out = tmp_path / "try"
     env = dict(os.environ, PTD_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1")
     r = subprocess.run([sys.executable, "-m", "ptd", "plan", "--model", "tiny", "--hardware",
                         "cpu", "--gpus", "4", "--global-batch", "8", "--seq-len", "64",
                         "--dtype", "fp32", "--fix", "tp=1", "--try", "1", "--repeats", "2",
-                        "--steps", "24", "--try-dir", str(out), "--json"],
-                       env=env, capture_output=True, text=True, timeout=340)
+                        "--steps", "6", "--try-dir", str(out), "--json"],
+                       env=env, capture_output=True, text=True, timeout=220)
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads(r.stdout)["try"]
     cands = d["candidates"]
     assert {(c["plan"]["dp"], c["plan"]["pp"]) for c in cands} == {(4, 1), (2, 2), (1, 4)}
-    for c in cands:  # every plan ran twice and measured something
+    for c in cands:  # every plan ran twice and measured something; its best is its fastest
         assert not c["errors"] and len(c["measured_tokens_per_s"]) == 2, c
         assert all(t > 0 for t in c["measured_tokens_per_s"])
-        assert (out / "runs" / f"plan{c['rank']:04d}-r2" / "summary.json").is_file()
+        assert c["best_tokens_per_s"] == max(c["measured_tokens_per_s"])
+        for rnd in (1, 2):
+            run = json.loads((out / "runs" / f"plan{c['rank']:04d}-r{rnd}" / "summary.json")
+                             .read_text())
+            assert run["steps"] == 6 and run["world_size"] == 4
+        # the measurement read back is that run's own figure, not another plan's
+        assert run["measured"]["tokens_per_s"] == c["measured_tokens_per_s"][1]
     v = d["verdict"]
-    assert v["top_rank"] == 1
-    best = max(c["best_tokens_per_s"] for c in cands)
-    assert v["best_tokens_per_s"] == best
-    assert v["top_over_best"] >= 0.90, json.dumps(d, indent=1)
+    top = next(c for c in cands if c["rank"] == 1)
+    best = max(cands, key=lambda c: c["best_tokens_per_s"])
+    assert (v["top_rank"], v["best_rank"]) == (1, best["rank"])
+    assert v["best_tokens_per_s"] == best["best_tokens_per_s"]
+    assert v["top_over_best"] == pytest.approx(top["best_tokens_per_s"] / best["best_tokens_per_s"])
+    assert v["within_tolerance"] == (v["top_over_best"] >= 0.90)
     assert json.loads((out / "try.json").read_text())["verdict"] == v

@@ -153,13 +153,15 @@ def test_verdict_by_hand():
     # [2, 1, 3], y ranks [3, 1, 2]; cov = 0*1 + -1*-1 + 1*0 = 1; |x| = |y| = sqrt 2: rho 1/2
     assert v == {"top_rank": 1, "top_tokens_per_s": 500.0, "best_rank": 2,
                  "best_tokens_per_s": 1000.0, "top_over_best": 0.5, "tolerance": 0.5,
-                 "within_tolerance": True, "spearman": pytest.approx(0.5)}
+                 "within_tolerance": True, "rounds_overlap": None,  # #2 ran once
+                 "spearman": pytest.approx(0.5)}
     assert T.verdict(c, 0.25)["within_tolerance"] is False  # 0.5 < 0.75
     # the top plan failed: no ratio, its rank still named
     c[2].measured = []
     assert T.verdict(c, 0.1) == {"top_rank": 1, "top_tokens_per_s": None, "best_rank": None,
                                  "best_tokens_per_s": None, "top_over_best": None,
-                                 "tolerance": 0.1, "within_tolerance": False, "spearman": None}
+                                 "tolerance": 0.1, "within_tolerance": False,
+                                 "rounds_overlap": None, "spearman": None}
     assert T.verdict([], 0.1)["top_rank"] is None
 
 
@@ -189,13 +191,13 @@ def test_render_rows_and_verdict_lines(monkeypatch):
     assert seen["header"] == ("#", "plan", "predicted tok/s", "measured tok/s", "spread",
                               "measured rank", "measured/predicted", "tried as")
     assert seen["align"] == "rlrrrrrl"
-    # gap = 1 - 500/1000 = 50.0%; NOT within 10%; rho over the three measured = 1/2 (above)
+    # gap = 1 - 500/1000 = 50.0% below the best; NOT within 10%; #2 ran once: no overlap verdict; rho over the three measured = 1/2 (above)
     assert text.split("\n") == [
         "tried 4 plans x 2 interleaved repeats on this host in 12 s "
         "(measured: best repeat; spread: (max-min)/max)",
         "<table>",
         "verdict: plan #1 measured 500 tokens/s; the best measured is #2 at 1 k tokens/s, "
-        "50.0% faster than #1: NOT within 10%",
+        "#1 50.0% below it: NOT within 10%",
         "rank correlation of predicted and measured tokens/s (Spearman): 0.50"]
 
 
@@ -228,3 +230,27 @@ def test_to_json():
         {"rank": 3, "plan": P(1, 1, 4).to_dict(), "describe": "dp1 tp1 pp4 zero0 mb1 gb8 1f1b",
          "why": "best dp1 tp1 pp4", "predicted_tokens_per_s": 800.0, "measured_tokens_per_s": [],
          "best_tokens_per_s": None, "errors": ["boom"]}]
+
+
+def test_verdict_says_whether_the_rounds_overlap(monkeypatch):
+    """Two rounds each: the top plan's fastest round against the best plan's slowest."""
+    monkeypatch.setattr(T, "table", lambda rows, header, align: "<table>")
+    top = T.Candidate(1, fake(P(2, 1, 2), 1000.0), "top 1", measured=[880.0, 790.0])
+    best = T.Candidate(2, fake(P(4, 1, 1), 990.0), "best dp4 tp1 pp1", measured=[1000.0, 870.0])
+    v = T.verdict([top, best], 0.1)
+    # 880 >= 870: overlap; 880/1000 = 0.88, 12% below, outside 10%
+    assert v["rounds_overlap"] is True and v["top_over_best"] == pytest.approx(0.88)
+    assert T.render([top, best], v, 2, 5.0).split("\n")[-1] == (
+        "verdict: plan #1 measured 880 tokens/s; the best measured is #2 at 1 k tokens/s, "
+        "#1 12.0% below it: NOT within 10% (their rounds overlap: a gap this machine's noise "
+        "can make)")
+    top.measured = [869.0, 790.0]  # 869 < 870: every round of #2 beats every round of #1
+    v = T.verdict([top, best], 0.1)
+    assert v["rounds_overlap"] is False
+    assert T.render([top, best], v, 2, 5.0).endswith(
+        "(every round of the best is faster than every round of the top plan)")
+    top.measured = [1100.0, 600.0]  # the top plan is the best: nothing to compare
+    assert T.verdict([top, best], 0.1)["rounds_overlap"] is None
+    top.measured, best.measured = [880.0, 790.0], [1000.0]  # one round of the best: unknown
+    assert T.verdict([top, best], 0.1)["rounds_overlap"] is None
+    assert T.verdict([], 0.1)["rounds_overlap"] is None

@@ -101,4 +101,8 @@ def test_try_runs_every_plan_every_round_and_its_verdict_is_their_arithmetic(tmp
     assert v["best_tokens_per_s"] == best["best_tokens_per_s"]
     assert v["top_over_best"] == pytest.approx(top["best_tokens_per_s"] / best["best_tokens_per_s"])
     assert v["within_tolerance"] == (v["top_over_best"] >= 0.90)
+    # whether the gap could be noise: the top plan's fastest round against the best's slowest
+    assert v["rounds_overlap"] == (None if best is top else
+                                   max(top["measured_tokens_per_s"])
+                                   >= min(best["measured_tokens_per_s"]))
     assert json.loads((out / "try.json").read_text())["verdict"] == v

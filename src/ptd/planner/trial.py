@@ -134,13 +134,20 @@ def verdict(cands: list[Candidate], tolerance: float) -> dict[str, Any]:
     if not ok or top is None or top.best is None:
         return {"top_rank": top.rank if top else None, "top_tokens_per_s": None,
                 "best_rank": None, "best_tokens_per_s": None, "top_over_best": None,
-                "tolerance": tolerance, "within_tolerance": False, "spearman": None}
+                "tolerance": tolerance, "within_tolerance": False, "rounds_overlap": None,
+                "spearman": None}
     best = max(ok, key=lambda c: c.best or 0.0)
     ratio = top.best / best.best  # type: ignore[operator]
     rho = spearman([c.estimate.tokens_per_s for c in ok], [c.best for c in ok])  # type: ignore[misc]
+    # Whether the gap could be this machine's noise: with two rounds or more each, the top
+    # plan's fastest round reaching the best plan's slowest one (None when either ran once,
+    # or the top plan is the best)
+    overlap = (max(top.measured) >= min(best.measured)
+               if best is not top and len(top.measured) > 1 and len(best.measured) > 1 else None)
     return {"top_rank": top.rank, "top_tokens_per_s": top.best, "best_rank": best.rank,
             "best_tokens_per_s": best.best, "top_over_best": ratio, "tolerance": tolerance,
-            "within_tolerance": ratio >= 1 - tolerance, "spearman": rho}
+            "within_tolerance": ratio >= 1 - tolerance, "rounds_overlap": overlap,
+            "spearman": rho}
 
 
 def render(cands: list[Candidate], v: dict[str, Any], repeats: int, wall_s: float) -> str:
@@ -167,10 +174,13 @@ def render(cands: list[Candidate], v: dict[str, Any], repeats: int, wall_s: floa
     gap = 1 - v["top_over_best"]
     where = ("it is the best measured" if v["best_rank"] == v["top_rank"] else
              f"the best measured is #{v['best_rank']} at {si(v['best_tokens_per_s'])} tokens/s, "
-             f"{pct(gap)} faster than #{v['top_rank']}")
+             f"#{v['top_rank']} {pct(gap)} below it")
+    noise = {True: " (their rounds overlap: a gap this machine's noise can make)",
+             False: " (every round of the best is faster than every round of the top plan)",
+             None: ""}[v.get("rounds_overlap")]
     lines.append(f"verdict: plan #{v['top_rank']} measured {si(v['top_tokens_per_s'])} tokens/s; "
                  f"{where}: {'within' if v['within_tolerance'] else 'NOT within'} "
-                 f"{pct(v['tolerance'], 0)}")
+                 f"{pct(v['tolerance'], 0)}{noise}")
     if v["spearman"] is not None:
         lines.append(f"rank correlation of predicted and measured tokens/s (Spearman): "
                      f"{v['spearman']:.2f}")

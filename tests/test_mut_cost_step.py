@@ -148,7 +148,11 @@ def test_optimizer_zero_shards_and_counts_tensors(monkeypatch):
     seen = _record_optimizer(monkeypatch)
     cluster = ClusterSpec(_hw_with_optimizer_overheads(), 3)
     plan = ParallelPlan(dp=3, tp=1, pp=1, zero=1, micro_batch=1, global_batch=3, seq_len=8)
-    assert S.optimizer_time(GPT2, plan, cluster, _mbt(3)) == (1.0, 0.0)
+    calls = []
+    monkeypatch.setattr(S, "_coll", _bytes_as_seconds(calls))
+    # and the gradient norm's one scalar all-reduce over the dp 3 shards: 4 bytes (4 s here)
+    assert S.optimizer_time(GPT2, plan, cluster, _mbt(3)) == (1.0 + 4.0, 0.0)
+    assert calls == [("all_reduce", 4, 3, 1, 3)]
     # ZeRO-1 over dp 3: 1200 / 3 = 400 parameters. Tensors: a GPT-2 block registers 16 --
     # two norms' weights and biases (4), wq, wk, wv, wo and their biases (8), w1, w2 and
     # their biases (4) -- three blocks 48, and outside them wte, wpe, ln_f.weight and
@@ -173,10 +177,11 @@ def test_optimizer_norm_all_reduces_under_sequence_parallelism(monkeypatch):
     sp = ParallelPlan(dp=1, tp=2, pp=1, sp=True, micro_batch=1, global_batch=1, seq_len=8)
     # RMSNorm: two norm weights per block over 3 blocks and the final norm: 7 all-reduces of
     # hidden 8 fp32 = 32 bytes (32 s with the stand-in), each with the 0.5 s blocking wait
-    assert S.optimizer_time(LLAMA, sp, cluster, _mbt(3, wait=0.5)) == (1.0, 7 * 32.5)
+    # (and the optimizer phase holds the gradient norm's scalar all-reduce over tp: 4 s here)
+    assert S.optimizer_time(LLAMA, sp, cluster, _mbt(3, wait=0.5)) == (1.0 + 4.0, 7 * 32.5)
     # LayerNorm: weight and bias: 2 x (2 x 3 + 1) = 14
-    assert S.optimizer_time(GPT2, sp, cluster, _mbt(3, wait=0.5)) == (1.0, 14 * 32.5)
-    assert calls[0] == ("all_reduce", 32, 2, 1, 2)
+    assert S.optimizer_time(GPT2, sp, cluster, _mbt(3, wait=0.5)) == (1.0 + 4.0, 14 * 32.5)
+    assert calls[:2] == [("all_reduce", 4, 2, 1, 2), ("all_reduce", 32, 2, 1, 2)]
     # tp 2: DTensor parameters
     assert {s[2] for s in seen} == {2e-3}
     # without sequence parallelism, or with ZeRO (FSDP reduces them), no such all-reduces

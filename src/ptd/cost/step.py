@@ -386,6 +386,7 @@ def optimizer_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, m
         if per_param_dt is not None and per_param is not None:
             exp_numel = MOE.routed_expert_numel(model) // plan.ep * mbt.nl
             optimizer += exp_numel * (per_param_dt - per_param)
+    optimizer += grad_norm_comm(model, plan, cluster)
     if not (plan.tp > 1 and plan.sp and plan.zero == 0):  # (FSDP reduces them itself)
         return optimizer, 0.0
     tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")
@@ -393,6 +394,46 @@ def optimizer_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, m
     tp_step = n_norms * (_coll("all_reduce", 4 * model.hidden, tp_n, hw, tp_nodes, tp_per)
                          + mbt.wait)
     return optimizer, tp_step
+
+
+def grad_norm_groups(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec
+                     ) -> list[tuple[int, int, int]]:
+    """The groups (size, nodes, per node) of the scalar all-reduces that sum the squared
+    gradient norm over shards and stages, one entry per all-reduce, as
+    ``runtime/optim.py global_grad_norm`` runs them (one per mesh axis a gradient is sharded
+    along, gradients on equal meshes and axes summed first; then the pipeline stages).
+    Counted on ptd's runtime (dp 2 x tp 2 under ZeRO-3: the matrices on (dp, tp), the norms
+    on dp alone -- dp, tp, dp)."""
+    dpn = cluster.devices_per_node
+    groups: list[tuple[int, int, int]] = []
+    tp_g = _group(plan, cluster, "tp")
+    dp_g = (plan.dp, *_node_split("dp", plan.dp, plan.tp, plan.pp, dpn, plan.cp))
+    if plan.zero >= 1:  # FSDP's shards: over dp; under tp, matrices over (dp, tp) as well
+        groups += [dp_g, dp_g, tp_g] if plan.tp > 1 else [dp_g]
+    elif plan.tp > 1 and plan.tp_mode == "2d":
+        # q x q mesh: matrices sharded along both axes, the norms' weights along the columns
+        q = int(round(plan.tp ** 0.5))
+        sub = (q, 1, q) if tp_g[1] == 1 else (q, q, 1)  # across nodes: one rank per node
+        groups += [sub, sub, sub]
+    elif plan.tp > 1:  # the tp-sharded matrices (norms are replicated: plain)
+        groups.append(tp_g)
+    if plan.ep > 1 and model.is_moe:  # routed experts: over ep, and over edp under ZeRO
+        from ..specs.layout import node_split
+        groups.append((plan.ep, *MOE.ep_node_split(plan, dpn)))
+        edp = plan.dp // plan.ep
+        if plan.zero >= 1 and edp > 1:
+            groups.append((edp, *node_split([i * plan.ep * plan.tp for i in range(edp)], dpn)))
+    if plan.pp > 1:
+        groups.append(_group(plan, cluster, "pp"))
+    return groups
+
+
+def grad_norm_comm(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec) -> float:
+    """Seconds of the gradient norm's scalar all-reduces (:func:`grad_norm_groups`), each its
+    group's latency; inside the optimizer phase, where a run's measurement counts them."""
+    hw = cluster.hardware
+    return sum(_coll("all_reduce", 4, n, hw, nodes, per) for n, nodes, per in
+               grad_norm_groups(model, plan, cluster))
 
 
 EP_ROW_ALL_TO_ALLS = (2, 2)

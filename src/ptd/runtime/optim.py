@@ -103,7 +103,10 @@ def global_grad_norm(params: Iterable[torch.Tensor], device: torch.device,
                      extra_groups: Iterable[dist.ProcessGroup] = ()) -> torch.Tensor:
     """The L2 norm of all gradients of the model, over every shard and stage (fp32)."""
     plain: list[torch.Tensor] = []  # identical on every rank that holds them
-    sharded: dict[tuple[int, tuple[int, ...]], tuple[Any, list[torch.Tensor]]] = {}
+    # keyed by the mesh's value, not its identity: FSDP and tensor parallelism hand out
+    # equal meshes as distinct objects (7 of them for dp 2 x tp 2 under ZeRO-3, 13 scalar
+    # all-reduces where 3 do)
+    sharded: dict[tuple[Any, tuple[int, ...]], list[torch.Tensor]] = {}
     for p in params:
         g = p.grad
         if g is None:
@@ -115,10 +118,10 @@ def global_grad_norm(params: Iterable[torch.Tensor], device: torch.device,
         if not axes:
             plain.append(g.to_local())
             continue
-        sharded.setdefault((id(g.device_mesh), axes), (g.device_mesh, []))[1].append(g.to_local())
+        sharded.setdefault((g.device_mesh, axes), []).append(g.to_local())
     foreach = device.type == "cuda"
     local = squared_norm(plain, device, foreach)
-    for (_, axes), (mesh, shards) in sharded.items():
+    for (mesh, axes), shards in sharded.items():
         acc = squared_norm(shards, device, foreach)
         for axis in axes:
             dist.all_reduce(acc, group=mesh.get_group(axis))

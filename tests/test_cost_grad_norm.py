@@ -107,3 +107,39 @@ def test_real_latency_is_small_on_a_gpu_node():
     plan = ParallelPlan(dp=2, tp=4, zero=3, micro_batch=1, global_batch=2, seq_len=64)
     t = S.grad_norm_comm(TINY, plan, _cluster(8))
     assert 0 < t < 1e-3
+
+
+def test_runtime_reduces_equal_meshes_once(one_rank_gloo, monkeypatch):
+    """The runtime side of the count: gradients on two equal meshes made apart (as FSDP and
+    tensor parallelism hand them out) are summed first and reduced once per sharded axis;
+    a different set of axes is a group of its own; plain gradients need none."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from ptd.runtime import optim
+    a = DeviceMesh("cpu", [[0]], mesh_dim_names=("dp", "tp"))
+    b = DeviceMesh("cpu", [[0]], mesh_dim_names=("dp", "tp"))
+    assert a is not b and a == b
+
+    def param(mesh, placements, value):
+        p = torch.nn.Parameter(distribute_tensor(torch.zeros(2), mesh, placements))
+        p.grad = distribute_tensor(torch.full((2,), value), mesh, placements)
+        return p
+    ps = [param(a, [Shard(0), Shard(0)], 1.0), param(b, [Shard(0), Shard(0)], 2.0),
+          param(b, [Shard(0), Replicate()], 3.0)]
+    plain = torch.nn.Parameter(torch.zeros(2))
+    plain.grad = torch.full((2,), 4.0)
+    calls = []
+    real = dist.all_reduce
+
+    def counting(t, *args, **kw):
+        calls.append(kw.get("group"))
+        return real(t, *args, **kw)
+    monkeypatch.setattr(optim.dist, "all_reduce", counting)
+    norm = optim.global_grad_norm([*ps, plain], torch.device("cpu"))
+    # (dp, tp) axes (0, 1): one over dp, one over tp; (dp, tp) axes (0,): one over dp
+    assert len(calls) == 3
+    # 2 x (1 + 4 + 9 + 16) = 60
+    assert norm.item() == pytest.approx(60 ** 0.5)

@@ -84,14 +84,13 @@ def _ep_all_reduces(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     gradients over all ``dp`` replicas, then its routed experts' over the ``dp / ep`` ranks
     holding the same experts (global ranks ``ep * tp`` apart); each pays its own latency.
     ``local``: the heaviest rank's parameters (:func:`ptd.cost.params.max_local_numel`)."""
-    from ..specs.layout import node_split
-    from .moe import routed_expert_numel
+    from .moe import edp_node_split, routed_expert_numel
     dp_n, dp_nodes, dp_per = group
     hw = cluster.hardware
     r = next(i for i in range(plan.pp) if P.local_numel(model, plan, i) == local)
     experts = routed_expert_numel(model) // plan.ep * P.layers_per_rank(model, plan)[r]
     edp = dp_n // plan.ep
-    nodes, per = node_split([i * plan.ep * plan.tp for i in range(edp)], cluster.devices_per_node)
+    nodes, per = edp_node_split(plan, cluster.devices_per_node)
     return (coll("all_reduce", (local - experts) * bytes_per, dp_n, hw, dp_nodes, dp_per)
             + coll("all_reduce", experts * bytes_per, edp, hw, nodes, per))
 

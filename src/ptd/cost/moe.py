@@ -91,3 +91,11 @@ def ep_node_split(plan: ParallelPlan, devices_per_node: int) -> tuple[int, int]:
     """``(nodes, members per node)`` of an ep group (``specs.layout.node_split``)."""
     from ..specs.layout import node_split
     return node_split(ep_group_ranks(plan), devices_per_node)
+
+
+def edp_node_split(plan: ParallelPlan, devices_per_node: int) -> tuple[int, int]:
+    """``(nodes, members per node)`` of the group of ranks that hold the same experts (the
+    ``dp / ep`` of them, global ranks ``ep * tp`` apart)."""
+    from ..specs.layout import node_split
+    return node_split([i * plan.ep * plan.tp for i in range(plan.dp // plan.ep)],
+                      devices_per_node)

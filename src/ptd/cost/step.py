@@ -418,11 +418,10 @@ def grad_norm_groups(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec
     elif plan.tp > 1:  # the tp-sharded matrices (norms are replicated: plain)
         groups.append(tp_g)
     if plan.ep > 1 and model.is_moe:  # routed experts: over ep, and over edp under ZeRO
-        from ..specs.layout import node_split
         groups.append((plan.ep, *MOE.ep_node_split(plan, dpn)))
         edp = plan.dp // plan.ep
         if plan.zero >= 1 and edp > 1:
-            groups.append((edp, *node_split([i * plan.ep * plan.tp for i in range(edp)], dpn)))
+            groups.append((edp, *MOE.edp_node_split(plan, dpn)))
     if plan.pp > 1:
         groups.append(_group(plan, cluster, "pp"))
     return groups

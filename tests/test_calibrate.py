@@ -307,8 +307,8 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
             t = hw.overheads_measured[f"{key}_{part}"]
             assert set(t) == {1, 2} and all(v > hw.op_overhead_measured[n] for n, v in t.items())
     # expert parallelism's own work per MoE layer and micro-batch, beyond the layer and its
-    # all-to-alls' latency: DTensor expert weights, the functional all-to-alls' wrappers
-    # and waits, the regroup index -- tens of plain operators' worth (1.1 / 0.7 ms against
+    # all-to-alls' latency: DTensor expert weights, the all-to-alls' autograd wrappers,
+    # the regroup index -- tens of plain operators' worth (1.1 / 0.7 ms against
     # ~5 us an operator, one worker alone on this CPU); one rows' all-to-all call's share
     # (the functional collective's autograd wrapper and its wait, 0.23 / 0.16 ms)
     for part in ("forward", "backward"):

@@ -25,8 +25,9 @@ def coll(kind, nbytes, n, hw, nodes=1, per_node=None):  # noqa: ANN001
     return nbytes / 1e9 + (1e-3 if kind == "all_gather" else 0.0)
 
 
-def blk(forward: float, backward: float, recompute: float = 0.0) -> SimpleNamespace:
-    return SimpleNamespace(forward=forward, backward=backward,
+def blk(forward: float, backward: float, recompute: float = 0.0, routed: float = 0.0
+        ) -> SimpleNamespace:
+    return SimpleNamespace(forward=forward, backward=backward, routed_forward=routed,
                            recompute=lambda kind, early=True: recompute if kind == "full" else 0.0)
 
 
@@ -466,6 +467,26 @@ def test_zero0_expert_parallel_reduces_dense_over_dp_and_experts_over_their_repl
     t2 = dp_terms(moe, plan2, cluster("h100-sxm", 2), mb(b=1.0), (2, 1, 2), record, False, True)
     assert calls == [("all_reduce", 338_176, 2, 1, 2), ("all_reduce", 786_432, 1, 1, 1)]
     assert t2.total == pytest.approx(2e-3 + 338_176 / 1e9, rel=1e-12)
+
+
+def test_zero0_expert_parallel_reductions_on_a_cpu_wait_for_late_peers() -> None:
+    # EPGradSync runs after the backward, on the calling thread: the dense all-reduce
+    # follows the first block's backward work after its last all-to-all (the block's
+    # backward less its routed experts', 2 x routed forward), the experts' all-reduce
+    # follows at once. w(c) = 1e-3 + c. Block backward 30 ms, routed experts 5 ms forward:
+    # w(0.030 - 0.010) = 21 ms, then w(0) = 1 ms where 2 ranks hold the same experts.
+    moe = get_preset("tiny-moe")
+    m = mb(b=1.0, block=blk(0.02, 0.03, routed=0.005))
+    plan = ParallelPlan(dp=4, ep=2, micro_batch=2, global_batch=8, seq_len=128)
+    base = dp_terms(moe, plan, cluster("h100-sxm", 4), m, (4, 1, 4), coll, False, True)
+    cpu = dp_terms(moe, plan, _late_peer_cpu(4), m, (4, 1, 4), coll, False, True)
+    assert cpu.total - base.total == pytest.approx(0.021 + 0.001, rel=1e-12)
+    assert cpu.exposed - base.exposed == pytest.approx(0.022, rel=1e-12)
+    # ep = dp: no other rank holds a rank's experts; only the dense all-reduce waits
+    plan2 = ParallelPlan(dp=2, ep=2, micro_batch=2, global_batch=8, seq_len=128)
+    base2 = dp_terms(moe, plan2, cluster("h100-sxm", 2), m, (2, 1, 2), coll, False, True)
+    cpu2 = dp_terms(moe, plan2, _late_peer_cpu(2), m, (2, 1, 2), coll, False, True)
+    assert cpu2.total - base2.total == pytest.approx(0.021, rel=1e-12)
 
 
 def test_fsdp_units_cost_their_calibrated_hooks_per_micro_batch() -> None:

@@ -10,7 +10,7 @@ import torch
 from helpers import ok, ptd_train
 
 from ptd.runtime.measure.device_memory import ActivationTracker, model_state_bytes
-from ptd.runtime.measure.timeline import Span, analyse_step, comm_kind, mean_breakdown
+from ptd.runtime.measure.timeline import Span, analyse_step, comm_kind, is_marker, mean_breakdown
 
 MAIN, GLOO = 1, 2
 
@@ -105,6 +105,46 @@ def test_pipeline_stage_waiting_in_the_loss_all_reduce_is_bubble():
     assert pipe["bubble"] == pytest.approx(49e-6) and pipe["other"] == pytest.approx(1e-6)
     assert flat["bubble"] == pytest.approx(10e-6) and flat["other"] == pytest.approx(40e-6)
     assert pipe["compute"] == flat["compute"] == pytest.approx(50e-6)
+
+
+def test_expert_all_to_alls_waited_for_inside_their_autograd_function_are_communication():
+    """Expert parallelism's rows travel by ``dist.all_to_all_single`` inside an autograd
+    function (``runtime/parallel/ep.py``): the main thread launches (10-11) and then waits
+    inside the function's span while gloo's thread moves the rows (11-16); in the backward
+    the same inside the engine's wrapper (launch 40-41, gloo 41-48). The waits are exposed
+    all-to-all time, not forward or backward computation (the span names as torch 2.13's
+    profiler records them, checked below on a real profile)."""
+    spans = [sp("ptd:step", 0, 60), sp("ptd:forward", 0, 30), sp("aten::mm", 0, 10),
+             sp("EPAllToAll", 10, 16), sp("aten::empty", 10, 10.5),
+             sp("c10d::alltoall_base_", 10.5, 11), sp("gloo:all_to_all", 11, 16, GLOO),
+             sp("aten::mm", 16, 30),
+             sp("ptd:backward", 30, 60), sp("aten::mm", 30, 40),
+             sp("autograd::engine::evaluate_function: EPAllToAllBackward", 40, 48),
+             sp("EPAllToAllBackward", 40, 48), sp("c10d::alltoall_base_", 40, 41),
+             sp("gloo:all_to_all", 41, 48, GLOO), sp("aten::mm", 48, 60)]
+    b = analyse_step(spans, MAIN, (0, 60))
+    us = {k: round(v * 1e6, 6) for k, v in b.parts.items()}
+    assert us == {"forward": 24.5, "comm:all_to_all": 13.5, "backward": 22}
+
+
+def test_the_expert_all_to_all_records_the_span_names_the_timeline_knows():
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    from ptd.runtime.measure.probe import kineto_spans
+    from ptd.runtime.parallel.ep import EPAllToAll
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        x = torch.randn(6, 4, requires_grad=True)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            EPAllToAll.apply(x, [6], [6], dist.group.WORLD).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    names = {s.name for s in kineto_spans(prof)}
+    assert {"EPAllToAll", "EPAllToAllBackward", "c10d::alltoall_base_"} <= names
+    assert is_marker("EPAllToAll") and is_marker("EPAllToAllBackward")
+    assert x.grad is not None and torch.equal(x.grad, torch.ones(6, 4))
 
 
 def test_expert_and_context_exchanges_get_their_own_parts():

@@ -311,9 +311,7 @@ def block_gemms(model: ModelSpec, tokens: int, seq_len: int, micro_batch: int, t
         # router and routed experts are whole on every tp rank (runtime/parallel/tp.py), each
         # expert taking its share of the assignments (balanced routing); shared experts are
         # dense MLPs split over tp
-        share = model.top_k / model.n_experts
-        e = model.n_experts
-        lin += [Gemm(tokens, e, h), Gemm(tokens * share, f, h, up * e), Gemm(tokens * share, h, f, e)]
+        lin += [Gemm(tokens, model.n_experts, h), *routed_gemms(model, tokens)]
         if model.n_shared_experts:
             lin += [Gemm(g.m, g.n, g.k, g.count * model.n_shared_experts) for g in mlp]
     else:
@@ -322,6 +320,15 @@ def block_gemms(model: ModelSpec, tokens: int, seq_len: int, micro_batch: int, t
     d = model.head_dim
     attn = [Gemm(seq_len, seq_len, d, heads), Gemm(seq_len, d, seq_len, heads)]
     return lin, attn
+
+
+def routed_gemms(model: ModelSpec, tokens: float) -> list[Gemm]:
+    """The routed experts' products of one MoE block's forward over ``tokens`` tokens: each
+    expert takes its share of the ``top_k`` assignments (balanced routing)."""
+    share, e = model.top_k / model.n_experts, model.n_experts
+    up = 2 if model.mlp == "swiglu" else 1
+    f, h = model.ffn_hidden, model.hidden
+    return [Gemm(tokens * share, f, h, up * e), Gemm(tokens * share, h, f, e)]
 
 
 def elementwise_bytes_fwd(model: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: int) -> float:
@@ -375,6 +382,9 @@ class BlockTime:
     last_matmul_forward: float = 0.0
     """The block's last product (MLP down projection), which an early-stopping full
     recompute does not repeat (see :mod:`ptd.cost.flops`)."""
+    routed_forward: float = 0.0
+    """The routed experts' products in ``forward`` (MoE blocks; their backward is twice):
+    under expert parallelism they lie between the dispatch and the combine all-to-alls."""
 
     def recompute(self, kind: str, early_stop: bool = True) -> float:
         if kind == "full":
@@ -440,8 +450,11 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
         fwd += df * dtensor_overhead
         bwd += db * dtensor_overhead
     down = lin[-1]  # the block's last product (per expert for MoE)
+    routed = (sum(gemm_time(g, rate, bw, ab, hw, dtype) for g in routed_gemms(model, tokens))
+              if model.is_moe else 0.0)
     return BlockTime(forward=fwd, backward=bwd, attention_forward=t_attn,
-                     last_matmul_forward=gemm_time(down, rate, bw, ab, hw, dtype) + overhead)
+                     last_matmul_forward=gemm_time(down, rate, bw, ab, hw, dtype) + overhead,
+                     routed_forward=routed)
 
 
 def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype: str,

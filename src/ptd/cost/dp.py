@@ -62,7 +62,8 @@ def dp_terms(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: An
         if ps_servers:
             t_ar = dp_ps_time(grad_bytes, dp_n, ps_servers, hw)  # cost/ps.py
         elif plan.ep > 1 and model.is_moe:
-            t_ar = _ep_all_reduces(model, plan, cluster, group, coll, local, grad_bytes / local)
+            t_ar = (_ep_all_reduces(model, plan, cluster, group, coll, local, grad_bytes / local)
+                    + _ep_all_reduce_waits(plan, cluster, mbt.blk, dp_n))
         else:
             t_ar = coll("all_reduce", grad_bytes, dp_n, hw, dp_nodes, dp_per)
         last_bucket = t_ar * min(1.0, DDP_BUCKET_BYTES / grad_bytes)
@@ -93,6 +94,17 @@ def _ep_all_reduces(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     nodes, per = edp_node_split(plan, cluster.devices_per_node)
     return (coll("all_reduce", (local - experts) * bytes_per, dp_n, hw, dp_nodes, dp_per)
             + coll("all_reduce", experts * bytes_per, edp, hw, nodes, per))
+
+
+def _ep_all_reduce_waits(plan: ParallelPlan, cluster: ClusterSpec, blk: Any, dp_n: int) -> float:
+    """The late-peer waits of :func:`_ep_all_reduces` on CPUs (``blocking_wait``, 0 where
+    not calibrated): the dense all-reduce follows the backward's work since its last
+    all-to-all (the first block's, before its routed experts: ``w(c)``, as
+    :func:`ptd.cost.step.ep_waits`), the experts' follows it at once (``w(0)``; none where
+    no other rank holds the same experts)."""
+    w = cluster.blocking_wait
+    first = w(max(0.0, blk.backward - 2.0 * blk.routed_forward))
+    return first + (w(0.0) if dp_n // plan.ep > 1 else 0.0)
 
 
 def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,

@@ -444,7 +444,7 @@ def ep_layer_overheads(cluster: ClusterSpec) -> tuple[float, float, float]:
     """Expert parallelism's own work per MoE block and micro-batch beyond its products and
     the all-to-alls' alpha-beta time, as ``ptd calibrate`` times it on CPUs
     (``overheads_measured["ep_layer_*"]``: DTensor expert weights and their gradients, the
-    index arithmetic, the functional all-to-alls' wrappers and waits; 0 uncalibrated):
+    index arithmetic, the all-to-alls' autograd wrappers; 0 uncalibrated):
     ``(forward, backward)`` computation without the wrappers, and the wrappers' seconds
     (``ep_all_to_all_*``, per call, times :data:`EP_ROW_ALL_TO_ALLS`), which a run's
     measurement counts as the all-to-alls' time."""
@@ -456,13 +456,29 @@ def ep_layer_overheads(cluster: ClusterSpec) -> tuple[float, float, float]:
             max(0.0, get("ep_layer_backward") - calls_b), calls_f + calls_b)
 
 
+def ep_waits(cluster: ClusterSpec, blk: C.BlockTime) -> float:
+    """The late-peer waits of one MoE block's ep collectives in one micro-batch (CPUs:
+    ``ClusterSpec.blocking_wait``, 0 where not calibrated). Each of the five blocks the
+    calling thread and waits ``w(c)``, ``c`` the computation since the rank's previous
+    collective, as tensor parallelism's all-reduces and FSDP's collectives do
+    (:func:`ptd.cost.dp._cpu_late_peers`): in the forward the counts' exchange after the
+    block's work before its routed experts, the rows' dispatch right after it (``w(0)``),
+    the combine after the experts' products; in the backward the combine's gradient after
+    the work since the previous block's dispatch, the dispatch's after the experts'
+    backward. (Measured on this CPU, 2 ranks, tiny-moe, 512 tokens: a rows' all-to-all
+    right after a barrier took 0.5-0.6 ms at the median but 1.0-1.9 ms on average, where
+    back to back it takes 0.3; docs/moe.md.)"""
+    w = cluster.blocking_wait
+    ef, eb = blk.routed_forward, 2.0 * blk.routed_forward
+    return (w(max(0.0, blk.forward - ef)) + w(0.0) + w(ef)
+            + w(max(0.0, blk.backward - eb)) + w(eb))
+
+
 def _ep_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: MicroBatch,
              rate: float, imbalance: float) -> float:
-    """:func:`ptd.cost.moe.ep_comm_time` over the ep group's placement, plus imbalance and
-    the functional all-to-alls' own calls (:func:`ep_layer_overheads`). No late-peer wait
-    (``blocking_wait``) is added: the one calibrated for tensor-parallel all-reduces
-    over-priced ep's all-to-alls 2.5x on this CPU (tiny-moe, ep 2 of dp 4: 96.6 ms
-    predicted, 39-46 measured, docs/moe.md)."""
+    """:func:`ptd.cost.moe.ep_comm_time` over the ep group's placement, plus imbalance, the
+    all-to-alls' own calls (:func:`ep_layer_overheads`) and their late-peer waits
+    (:func:`ep_waits`)."""
     if not model.is_moe:
         return 0.0
     nodes, per_node = MOE.ep_node_split(plan, cluster.devices_per_node)
@@ -471,5 +487,6 @@ def _ep_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Mi
                             lambda kind, nbytes, n: _coll(kind, nbytes, n, hw, nodes, per_node),
                             imbalance)
     if plan.ep > 1:
-        comm += mbt.nl * plan.n_microbatches * ep_layer_overheads(cluster)[2]
+        comm += mbt.nl * plan.n_microbatches * (ep_layer_overheads(cluster)[2]
+                                                 + ep_waits(cluster, mbt.blk))
     return comm + MOE.imbalance_compute_time(model, plan, mbt.nl, rate, imbalance)

@@ -333,19 +333,18 @@ def ep_layer_costs(sync: Sync, T: float, rep: int) -> dict[str, float]:
     """Expert parallelism's own cost per MoE layer and micro-batch, beyond the layer's work
     and its all-to-alls' alpha-beta time: ptd's MoE layer (``tiny-moe``'s shape, 64 tokens)
     with its experts sharded over a one-rank ep mesh (DTensor weights and their gradients,
-    the functional all-to-alls' autograd wrappers and waits, the split and regroup index
+    the all-to-alls' autograd wrappers (:class:`~ptd.runtime.parallel.ep.EPAllToAll`), the split and regroup index
     arithmetic), forward and backward timed apart, less the same layer without ep and less
     the bare one-rank all-to-alls it runs (their cost is in the calibrated collectives'
     latency, which prices each one). ``ep_all_to_all_*``: the part of it that one rows'
-    all-to-all adds as the layer calls it (``all_to_all_single_autograd`` and its wait),
+    all-to-all adds as the layer calls it (:class:`~ptd.runtime.parallel.ep.EPAllToAll`),
     which a run's measurement counts as communication. Needs a one-rank world
     (:func:`framework_overheads`)."""
-    import torch.distributed._functional_collectives as fc
     from torch.distributed.device_mesh import init_device_mesh
 
     from ...specs import get_preset
     from ..model.moe import MoE
-    from ..parallel.ep import apply_ep
+    from ..parallel.ep import EPAllToAll, apply_ep
     spec = get_preset("tiny-moe")
 
     def layer(ep: bool) -> torch.nn.Module:
@@ -364,13 +363,13 @@ def ep_layer_costs(sync: Sync, T: float, rep: int) -> dict[str, float]:
     dst = torch.empty_like(src)
     group = sharded.experts.ep_group
     a2a = sync.time(lambda: dist.all_to_all_single(dst, src, group=group), T, rep)
-    # one rows' all-to-all as ep.py calls it (autograd, waited at once), forward and
+    # one rows' all-to-all as ep.py calls it (its autograd function), forward and
     # backward, less a bare one and the sum that makes it a scalar: what the measurement
     # counts as the all-to-all's own time beyond the collective
     rows = torch.randn(EP_TOKENS * spec.top_k, spec.hidden, requires_grad=True)
     splits = [rows.shape[0]]
     cf, cb = _forward_backward_time(
-        lambda: fc.wait_tensor(fc.all_to_all_single_autograd(rows, splits, splits, group)).sum(),
+        lambda: EPAllToAll.apply(rows, splits, splits, group).sum(),
         sync, T, rep)
     sf, sb = _forward_backward_time(lambda: rows.sum(), sync, T, rep)
     return {"ep_layer_forward": max(0.0, ef - pf - EP_ALL_TO_ALLS[0] * a2a),

@@ -65,10 +65,12 @@ PHASE_SPANS = {"ptd:forward": "forward", "ptd:backward": "backward",
                "ptd:schedule": "schedule", "ptd:loss": "loss", "ptd:optimizer": "optimizer",
                "ptd:data": "data"}
 MARKERS = ("ptd:", "PP:", "Forward ", "Backward ", "ProfilerStep", "## ", "FSDP::",
-           "RegisterPostBackwardFunction", "autograd::engine::evaluate_function")
+           "RegisterPostBackwardFunction", "autograd::engine::evaluate_function", "EPAllToAll")
 """Span names that mark regions rather than run work (ours, torch.distributed.pipelining's,
 the profiler's own, FSDP2's ``record_function`` regions and its post-backward autograd node,
-the autograd engine's per-node wrapper, which runs the node's hooks). The work inside them
+the autograd engine's per-node wrapper, which runs the node's hooks, and expert
+parallelism's all-to-all autograd function, forward and backward, which waits in
+``dist.all_to_all_single``: ``runtime/parallel/ep.py``). The work inside them
 shows as operators of its own; what is left is Python, or waiting: on a CPU FSDP2's
 gathers and gradient reductions run to their end inside these regions (no streams to
 overlap them on), and that wait is the collective's exposed time, not computation."""

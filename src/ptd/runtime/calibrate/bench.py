@@ -333,8 +333,8 @@ def ep_layer_costs(sync: Sync, T: float, rep: int) -> dict[str, float]:
     """Expert parallelism's own cost per MoE layer and micro-batch, beyond the layer's work
     and its all-to-alls' alpha-beta time: ptd's MoE layer (``tiny-moe``'s shape, 64 tokens)
     with its experts sharded over a one-rank ep mesh (DTensor weights and their gradients,
-    the all-to-alls' autograd wrappers (:class:`~ptd.runtime.parallel.ep.EPAllToAll`), the split and regroup index
-    arithmetic), forward and backward timed apart, less the same layer without ep and less
+    the all-to-alls' autograd function, the split and regroup index arithmetic), forward
+    and backward timed apart, less the same layer without ep and less
     the bare one-rank all-to-alls it runs (their cost is in the calibrated collectives'
     latency, which prices each one). ``ep_all_to_all_*``: the part of it that one rows'
     all-to-all adds as the layer calls it (:class:`~ptd.runtime.parallel.ep.EPAllToAll`),

@@ -75,6 +75,26 @@ def test_forward_and_gradients_equal_the_per_token_reference():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
 
 
+def test_the_layer_compiles_in_fp32_and_equals_the_reference():
+    """``ptd train --compile`` on a MoE model: Dynamo traces the layer with fake tensors, and
+    torch 2.13's rule for ``_grouped_mm`` takes bf16 only ("Expected inputs of BF16 type"
+    on fp32, which failed every fp32 MoE run with --compile); fp32 runs the loop there.
+    ``aot_eager`` traces as inductor does, without compiling kernels."""
+    torch._dynamo.reset()
+    m = _layer(aux_loss_coef=0.0, z_loss_coef=0.0)
+    x = torch.randn(40, SPEC.hidden, requires_grad=True)
+    y = torch.compile(m, backend="aot_eager")(x[None])[0]
+    ref, _, _, _ = _reference(m, x)
+    scale = float(ref.detach().abs().max())
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5 * scale)
+    g = torch.randn_like(y)
+    got = torch.autograd.grad(y, [x, *m.parameters()], g)
+    want = torch.autograd.grad(ref, [x, *m.parameters()], g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
+    torch._dynamo.reset()
+
+
 def test_aux_and_z_losses_values_and_their_gradient():
     m = _layer(aux_loss_coef=0.3, z_loss_coef=0.05)
     T = 24

@@ -56,7 +56,10 @@ def _grouped_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
     # 16 bytes (measured: "strides should be multiple of 16 bytes" for 5 fp32 columns)
     # (no rows -- every token went to another ep rank -- : its backward rejects the empty
     # gradient, "Invalid strides/sizes", measured; the loop handles it)
-    return (hasattr(torch, "_grouped_mm") and x.shape[0] > 0
+    # (under torch.compile, torch 2.13's fake-tensor rule for it takes bf16 only: fp32 raised
+    # "Expected inputs of BF16 type" while tracing, measured; the loop runs there instead)
+    compiling_fp32 = torch.compiler.is_compiling() and x.dtype != torch.bfloat16
+    return (hasattr(torch, "_grouped_mm") and x.shape[0] > 0 and not compiling_fp32
             and x.dtype in (torch.float32, torch.bfloat16)
             and x.dtype == w.dtype and (x.shape[1] * x.element_size()) % 16 == 0
             and (w.shape[-1] * w.element_size()) % 16 == 0)

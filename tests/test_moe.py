@@ -59,13 +59,11 @@ def _reference(m, x, capacity=None):
     return torch.stack(out), dropped, aux, z
 
 
-def test_forward_and_gradients_equal_the_per_token_reference():
-    m = _layer(aux_loss_coef=0.0, z_loss_coef=0.0)
-    x = torch.randn(40, SPEC.hidden, requires_grad=True)
-    y = m(x[None])[0]
+def _assert_equals_reference(y, m, x):
+    """``y = m(x)`` against :func:`_reference`, output and every gradient: fp32, summed in
+    another order, so within 1e-5 of each one's scale."""
     ref, dropped, _, _ = _reference(m, x)
     assert dropped == 0
-    # fp32, summed in another order: within 1e-5 of the output's scale
     scale = float(ref.detach().abs().max())
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5 * scale)
     g = torch.randn_like(y)
@@ -73,6 +71,12 @@ def test_forward_and_gradients_equal_the_per_token_reference():
     want = torch.autograd.grad(ref, [x, *m.parameters()], g)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
+
+
+def test_forward_and_gradients_equal_the_per_token_reference():
+    m = _layer(aux_loss_coef=0.0, z_loss_coef=0.0)
+    x = torch.randn(40, SPEC.hidden, requires_grad=True)
+    _assert_equals_reference(m(x[None])[0], m, x)
 
 
 def test_the_layer_compiles_in_fp32_and_equals_the_reference():
@@ -83,15 +87,7 @@ def test_the_layer_compiles_in_fp32_and_equals_the_reference():
     torch._dynamo.reset()
     m = _layer(aux_loss_coef=0.0, z_loss_coef=0.0)
     x = torch.randn(40, SPEC.hidden, requires_grad=True)
-    y = torch.compile(m, backend="aot_eager")(x[None])[0]
-    ref, _, _, _ = _reference(m, x)
-    scale = float(ref.detach().abs().max())
-    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5 * scale)
-    g = torch.randn_like(y)
-    got = torch.autograd.grad(y, [x, *m.parameters()], g)
-    want = torch.autograd.grad(ref, [x, *m.parameters()], g)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
+    _assert_equals_reference(torch.compile(m, backend="aot_eager")(x[None])[0], m, x)
     torch._dynamo.reset()
 
 

@@ -102,9 +102,9 @@ def _ep_all_reduce_waits(plan: ParallelPlan, cluster: ClusterSpec, blk: Any, dp_
     all-to-all (the first block's, before its routed experts: ``w(c)``, as
     :func:`ptd.cost.step.ep_waits`), the experts' follows it at once (``w(0)``; none where
     no other rank holds the same experts)."""
+    from .moe import ep_chunks
     w = cluster.blocking_wait
-    first = w(max(0.0, blk.backward - 2.0 * blk.routed_forward))
-    return first + (w(0.0) if dp_n // plan.ep > 1 else 0.0)
+    return w(ep_chunks(blk)[2]) + (w(0.0) if dp_n // plan.ep > 1 else 0.0)
 
 
 def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,

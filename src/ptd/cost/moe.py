@@ -17,7 +17,7 @@ step as ``moe_imbalance``) scales the bytes of the busiest rank and its expert w
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
@@ -79,6 +79,14 @@ def imbalance_compute_time(model: ModelSpec, plan: ParallelPlan, moe_layers: int
         return 0.0
     tokens = plan.micro_batch * plan.seq_len * plan.n_microbatches
     return (imbalance - 1.0) * 3.0 * expert_flops_per_token(model) * tokens * moe_layers / rate
+
+
+def ep_chunks(blk: Any) -> tuple[float, float, float, float]:
+    """A MoE block's computation around its ep collectives in one micro-batch (``blk``: a
+    :class:`ptd.cost.compute.BlockTime`): the forward before the routed experts, their
+    products, the backward outside them, and theirs (twice the forward's)."""
+    ef, eb = blk.routed_forward, 2.0 * blk.routed_forward
+    return max(0.0, blk.forward - ef), ef, max(0.0, blk.backward - eb), eb
 
 
 def ep_group_ranks(plan: ParallelPlan) -> list[int]:

@@ -469,9 +469,8 @@ def ep_waits(cluster: ClusterSpec, blk: C.BlockTime) -> float:
     right after a barrier took 0.5-0.6 ms at the median but 1.0-1.9 ms on average, where
     back to back it takes 0.3; docs/moe.md.)"""
     w = cluster.blocking_wait
-    ef, eb = blk.routed_forward, 2.0 * blk.routed_forward
-    return (w(max(0.0, blk.forward - ef)) + w(0.0) + w(ef)
-            + w(max(0.0, blk.backward - eb)) + w(eb))
+    before_f, ef, before_b, eb = MOE.ep_chunks(blk)
+    return w(before_f) + w(0.0) + w(ef) + w(before_b) + w(eb)
 
 
 def _ep_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: MicroBatch,

@@ -419,3 +419,62 @@ def test_the_first_stage_follows_a_warm_up(monkeypatch):
     sync = bench.Sync(1, 0, None, None, None, lambda: syncs.append(1), 10.0)
     bench._warm_up({"gemm_sizes": [64, 96, 32], "warmup_s": 0.01}, torch.device("cpu"), sync)
     assert sizes and set(sizes) == {96} and len(syncs) == len(sizes)
+
+
+def test_blocking_waits_are_what_chunk_and_collective_cost_beyond_their_price():
+    # 2 workers at once: each 256 x 256 matmul costs 3 us + 2 * 256^3 / 30e9 at the rate
+    # measured with both running (the synthetic fit), 1.12148 ms; the all-reduce of the
+    # 2^20 bytes 1e-4 + 2^20 / 1e9 = 1.148576 ms (bus factor 1 at 2). Each point: the chunk
+    # as priced, and the chunk and the all-reduce as timed less both prices (not below 0).
+    plan, results = _synthetic()
+    plan["blocking_bytes"] = 2**20
+    timed = {"0": [2e-6, 1.7e-3], "8": [6e-3, 5e-3], "64": [70e-3, 2e-3]}
+    for r in results:
+        r["collectives"]["blocking"] = {"2": timed}
+    mm, ar = 3e-6 + 2 * 256**3 / 30e9, 1e-4 + 2**20 / 1e9
+    pts = summarize(plan, results)["blocking"][2]
+    assert [p[0] for p in pts] == pytest.approx([0.0, 8 * mm, 64 * mm], rel=1e-9)
+    assert [p[1] for p in pts] == pytest.approx([2e-6 + 1.7e-3 - ar, 11e-3 - ar - 8 * mm, 0.0],
+                                                rel=1e-6, abs=1e-12)
+    assert [p[2:] for p in pts] == [[1.7e-3, 2e-6], [5e-3, 6e-3], [2e-3, 70e-3]]
+    # without a measured rate: the chunks as timed, the all-reduce less its fit
+    from ptd.runtime.calibrate.profile import _blocking_curves
+    fits = summarize(plan, results)["collectives"]
+    old = _blocking_curves(results, fits, 2**20)[2]
+    assert [v for p in old for v in p[:2]] == pytest.approx(
+        [2e-6, 1.7e-3 - ar, 6e-3, 5e-3 - ar, 70e-3, 2e-3 - ar], rel=1e-6)
+
+
+def test_a_moe_layers_timings_become_the_profiles_table():
+    # two ranks timed the layer with 2 workers at once, one alone: the table holds each
+    # worker count's mean over its ranks, point by point
+    from ptd.cost.moe import moe_layer_key
+    from ptd.specs import get_preset
+    key = moe_layer_key(get_preset("tiny-moe"), "fp32")
+    plan, results = _synthetic()
+    for rank, r in enumerate(results):
+        for n, c in r["compute"].items():
+            c["moe_layer"] = {key: [[64, (1 + rank) * 1e-3 * int(n), 2e-3],
+                                    [512, 4e-3, (3 + rank) * 1e-3]]}
+    hw = hardware_from_dict(profile_table(summarize(plan, results), get_hardware_preset("cpu"),
+                                          "synth", "cpu", 8 * 2**30, "test"), "synth")
+    assert hw.moe_layer_measured[key][1] == ((64, 1e-3, 2e-3), (512, 4e-3, 3e-3))
+    assert [v for p in hw.moe_layer_measured[key][2] for v in p] == pytest.approx(
+        [64, 3e-3, 2e-3, 512, 4e-3, 3.5e-3])
+    assert hw.moe_layer_at(key, 64, 2) == pytest.approx((3e-3, 2e-3))
+
+
+def test_moe_layer_times_time_the_layer_at_each_token_count():
+    # one worker alone, short windows: every point positive, and 2048 tokens take longer
+    # than 64 forward and backward (32x the work; 5.6x / 7.5x the time on this CPU)
+    from ptd.cost.moe import moe_layer_key
+    from ptd.runtime.calibrate.bench import MOE_TOKENS, Sync, moe_layer_times
+    from ptd.specs import get_preset
+    import dataclasses
+    spec = get_preset("tiny-moe")
+    out = moe_layer_times(dataclasses.asdict(spec), ["fp32"],
+                          Sync(1, 0, None, None, None, lambda: None, 60.0), 0.02, 1)
+    pts = out[moe_layer_key(spec, "fp32")]
+    assert [p[0] for p in pts] == list(MOE_TOKENS)
+    assert all(f > 0 and b > 0 for _, f, b in pts)
+    assert pts[-1][1] > pts[0][1] and pts[-1][2] > pts[0][2]

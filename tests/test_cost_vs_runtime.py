@@ -204,3 +204,31 @@ def test_rms_norm_operators_move_the_bytes_the_count_prices():
         y.backward(g)
     passes = (fwd.total / (4 * T * h), bwd.total / (4 * T * h))
     assert passes == pytest.approx(COMPOSITE_RMSNORM, abs=0.05)
+
+
+@pytest.mark.parametrize("variant", list(_VARIANTS))
+def test_feed_forward_operator_count_equals_the_runtime_layer(variant):
+    # ffn_ops is the feed-forward layer's share of block_ops: what a measured MoE layer
+    # (moe_layer_measured) replaces. Counted on the runtime block's own layer, in training
+    # mode, on a normalised input as the block gives it.
+    import torch
+
+    from ptd.cost.compute import ffn_ops
+    from ptd.runtime.measure.opcount import OpCounter
+    from ptd.runtime.model.init import materialize
+    from ptd.runtime.model.moe import prepare
+    from ptd.runtime.model.transformer import build_model
+    spec = get_preset("tiny").replace(**{**_BASE, **_VARIANTS[variant]})
+    model = build_model(spec, "meta")
+    materialize(model, torch.device("cpu"), seed=0)
+    prepare(model, 64)
+    blk = model.layers["0"]
+    with torch.no_grad():
+        x = blk.ffn_norm(torch.randn(2, 32, spec.hidden)).requires_grad_()
+    with OpCounter() as c:
+        y = blk.feed_forward(x)
+    fwd = c.total
+    g = torch.randn_like(y)
+    with OpCounter() as c:
+        y.backward(g)
+    assert (fwd, c.total) == ffn_ops(spec)

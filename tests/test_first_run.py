@@ -22,10 +22,11 @@ MARK = 1.234e11
 
 def fake_calibration(calls):
     def calibrate(workers, dtypes, quick, base, name, info, on_tick=lambda s: None,
-                  model_shapes=None, model_attention=None, op_spec=None):
+                  model_shapes=None, model_attention=None, op_spec=None, moe_spec=None):
         calls.append({"workers": workers, "dtypes": dtypes, "quick": quick, "base": base,
                       "cpu": info["name"], "model_shapes": model_shapes,
-                      "model_attention": model_attention, "op_spec": op_spec})
+                      "model_attention": model_attention, "op_spec": op_spec,
+                      "moe_spec": moe_spec})
         on_tick("gemm")
         rates = {"fp32": MARK, "bf16": 5e9, "fp16": 5e9}
         return {"hardware": {"preset": base, "peak_flops": rates,
@@ -122,6 +123,13 @@ def test_ptd_calibrate_refreshes_the_machine_profile(home, monkeypatch, capsys):
     first_run.machine_profile().unlink()
     assert main(["calibrate", "--quick", "--json", "--name", "other"]) == 0
     assert not first_run.machine_profile().exists()
+    # --model: a mixture-of-experts model's fields go to the workers, whose layer they time
+    # (moe_layer_measured); a dense model's do not
+    assert calls[-1]["moe_spec"] is None
+    assert main(["calibrate", "--quick", "--json", "--name", "m", "--model", "tiny-moe"]) == 0
+    assert calls[-1]["moe_spec"]["n_experts"] == 8 and calls[-1]["moe_spec"]["top_k"] == 2
+    assert main(["calibrate", "--quick", "--json", "--name", "d", "--model", "tiny"]) == 0
+    assert calls[-1]["moe_spec"] is None
     capsys.readouterr()
 
 

@@ -22,6 +22,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 import time
@@ -64,7 +65,8 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="small sizes, few repeats, no shape sweep (~15 s)")
     p.add_argument("--model", help="also measure this model's own matmul shapes (one block and "
                    "the output layer at --tokens rows, tp 1) and attention shapes (its heads "
-                   "at sequence lengths 128, 512, 2048 and its longest)")
+                   "at sequence lengths 128, 512, 2048 and its longest; on a CPU, a "
+                   "mixture-of-experts model's MoE layer whole, at 64, 512 and 2048 tokens)")
     p.add_argument("--tokens", type=positive_int, default=4096,
                    help="rows of the --model products: micro-batch x sequence (default 4096)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -136,12 +138,16 @@ def run(a: argparse.Namespace) -> int:
     from ..runtime.calibrate.workers import op_model
     from ..specs.model import load_model
     ops = op_model(load_model(a.model)) if a.model else None
+    # a mixture-of-experts model's layer is timed whole (its CPU kernels follow neither
+    # bytes nor FLOPs: ptd.specs.hardware, moe_layer_measured)
+    moe = (dataclasses.asdict(load_model(a.model))
+           if a.model and load_model(a.model).is_moe else None)
     labels = stage_labels(make_plan(workers, dtypes, a.quick, info["device"], shapes, att, ops))
     print(f"ptd calibrate: {info['device']} ({info['name']}), workers {workers}, dtypes {dtypes}"
           f"{', quick' if a.quick else ''}; {len(labels)} stages", file=sys.stderr)
     with _Progress(len(labels)) as tick:
         result = calibrate(workers, dtypes, a.quick, base, a.name, info, tick, model_shapes=shapes,
-                           model_attention=att, op_spec=ops)
+                           model_attention=att, op_spec=ops, moe_spec=moe)
     from ..runtime.calibrate import write_profile
     write_profile(result, out)
     if a.out is None and a.name == "calibrated" and info["device"] == "cpu":
@@ -231,11 +237,12 @@ def render(result: dict, path: Path) -> str:
         lines += ["", "collectives: t = alpha + bus_factor * M / busbw (all groups busy at once)",
                   table(rows, header=("kind", "group", "alpha", "busbw", "fit err", "sizes"))]
     if s.get("blocking"):
-        rows = [(n, duration(c), duration(t), duration(w))
-                for n, pts in s["blocking"].items() for c, w, t in pts]
+        rows = [(n, duration(p[3]) if len(p) > 3 else "-", duration(p[0]), duration(p[2]),
+                 duration(p[1])) for n, pts in s["blocking"].items() for p in pts]
         lines += ["", "a 1 MiB all-reduce in pairs after a chunk of matmuls (tensor parallelism's "
-                  "pattern), N at once: wait = its time - the all-reduce fit",
-                  table(rows, header=("N", "chunk", "all-reduce", "wait"))]
+                  "pattern), N at once: wait = chunk + all-reduce as timed - the chunk at the "
+                  "N-worker matmul rate - the all-reduce fit",
+                  table(rows, header=("N", "chunk", "priced", "all-reduce", "wait"))]
     for kind, err in s["missing"].items():
         lines.append(f"not measured: {kind} ({err}); the cost model uses the link for it")
     from ..specs.hardware import hardware_home

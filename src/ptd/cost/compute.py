@@ -53,6 +53,9 @@ product per weight matrix, whatever the groups."""
 OPS_MOE_BIAS_FWD_PER_MATRIX = 3   # a routed expert matrix's bias: repeat per group, add
 OPS_MOE_SHARED = {"gelu": (6, 16), "swiglu": (9, 26)}  # per shared expert (a dense MLP on all tokens)
 OPS_MOE_CAPACITY = (12, 0)        # ranking assignments within their expert, the keep mask
+OPS_MLP_GELU = (9, 20)
+"""The GELU MLP's share of ``OPS_BLOCK_BASE`` (two products, the activation): what a MoE
+layer's counts (``OPS_MOE*``) build on, and what a measured MoE layer replaces."""
 OPS_OUTPUT_BASE = (10, 18)
 """Final LayerNorm, output layer and fp32 cross-entropy (forward, backward)."""
 # Operators on DTensors with tensor parallelism (counted by ptd.runtime.measure.opcount on a
@@ -98,6 +101,17 @@ def _moe_ops(model: ModelSpec, f: int, b: int) -> tuple[int, int]:
     if model.capacity_factor > 0:
         f, b = f + OPS_MOE_CAPACITY[0], b + OPS_MOE_CAPACITY[1]
     return f, b
+
+
+def ffn_ops(model: ModelSpec) -> tuple[int, int]:
+    """(forward, backward) operators of a block's feed-forward layer (its share of
+    :func:`block_ops`): the MLP, or a MoE layer in its place."""
+    f, b = OPS_MLP_GELU
+    if model.mlp == "swiglu":
+        f, b = f + OPS_SWIGLU[0], b + OPS_SWIGLU[1]
+    if model.bias:
+        b += OPS_BIAS_BWD_PER_LINEAR * (3 if model.mlp == "swiglu" else 2)
+    return _moe_ops(model, f, b) if model.is_moe else (f, b)
 
 
 def tp_dtensor_ops(model: ModelSpec, sp: bool) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -300,21 +314,22 @@ def busy_rate(g: Gemm, sms: int, busy: int) -> float:
     return free / sms * shape_efficiency(g.m, g.n, g.k, free, g.count)
 
 
-def block_gemms(model: ModelSpec, tokens: int, seq_len: int, micro_batch: int, tp: int
-                ) -> tuple[list[Gemm], list[Gemm]]:
-    """(linear-layer products, attention products) of one block's forward, per tp rank."""
+def block_gemms(model: ModelSpec, tokens: int, seq_len: int, micro_batch: int, tp: int,
+                ffn: bool = True) -> tuple[list[Gemm], list[Gemm]]:
+    """(linear-layer products, attention products) of one block's forward, per tp rank
+    (without the feed-forward layer's where ``ffn`` is False)."""
     h, q, kv, f, t = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden, tp
     lin = [Gemm(tokens, q / t, h), Gemm(tokens, kv / t, h, 2), Gemm(tokens, h, q / t)]
     up = 2 if model.mlp == "swiglu" else 1
     mlp = [Gemm(tokens, f / t, h, up), Gemm(tokens, h, f / t)]  # split over tp
-    if model.is_moe:
+    if ffn and model.is_moe:
         # router and routed experts are whole on every tp rank (runtime/parallel/tp.py), each
         # expert taking its share of the assignments (balanced routing); shared experts are
         # dense MLPs split over tp
         lin += [Gemm(tokens, model.n_experts, h), *routed_gemms(model, tokens)]
         if model.n_shared_experts:
             lin += [Gemm(g.m, g.n, g.k, g.count * model.n_shared_experts) for g in mlp]
-    else:
+    elif ffn:
         lin += mlp
     heads = micro_batch * model.n_heads / t
     d = model.head_dim
@@ -404,20 +419,24 @@ def scores_bytes_fwd(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
 def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: int, tp: int,
                sp: bool, dtype: str, rate: float, attention: str = "flash",
                bw: float | None = None, overhead: float | None = None,
-               dtensor_overhead: float = 0.0, elementwise: str = "fused", ep: int = 1
-               ) -> BlockTime:
+               dtensor_overhead: float = 0.0, elementwise: str = "fused", ep: int = 1,
+               moe_layer: tuple[float, float] | None = None) -> BlockTime:
     """``rate``, ``bw`` and ``overhead``: one worker's matmul FLOP/s, memory bandwidth and
     per-operator cost with its node's workers running (default: the hardware's own);
     ``dtensor_overhead``: the extra cost of an operator on a DTensor (tp > 1);
     ``elementwise``: ``fused`` prices the fewest passes of memory-bound operators
     (:func:`elementwise_bytes_fwd`, backward twice the forward), ``eager`` and ``autocast``
     the passes PyTorch runs op by op (:mod:`ptd.cost.eager`); ``ep``: expert parallelism
-    (the rank's routed experts whose weights autocast casts)."""
+    (the rank's routed experts whose weights autocast casts); ``moe_layer``: the MoE
+    layer's measured (forward, backward) seconds on these tokens
+    (``ClusterSpec.moe_layer``), which then price it in place of its products, passes and
+    operators (op by op pricing only: ``elementwise`` not ``fused``)."""
     ab = DTYPE_BYTES[dtype]
     bw = bw or hw.effective_memory_bandwidth
     overhead = hw.op_overhead if overhead is None else overhead
     tokens = seq_len * micro_batch
-    lin, attn = block_gemms(model, tokens, seq_len, micro_batch, tp)
+    measured = moe_layer is not None and model.is_moe and elementwise != "fused"
+    lin, attn = block_gemms(model, tokens, seq_len, micro_batch, tp, ffn=not measured)
     t_lin = sum(gemm_time(g, rate, bw, ab, hw, dtype) for g in lin)
     gpu_kernels = bool(hw.sm_count)  # the measured kernel bandwidths are a GPU's
     slow_norm = (1 / NORM_BW_FRACTION - 1) if gpu_kernels else 0.0
@@ -429,7 +448,8 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
     else:
         # without a GPU's fused kernel, F.rms_norm runs as operators (torch 2.13's CPU)
         ew, ew_b = eager_time(EAGER.block_passes(model, tokens, tp, sp, dtype, elementwise, ep,
-                                                 composite_norm=not gpu_kernels),
+                                                 composite_norm=not gpu_kernels,
+                                                 ffn=not measured),
                               bw, gpu_kernels, hw.eager_bandwidth_fraction)
     if attention == "flash":
         # fused: the s x s scores never reach memory; it reads Q, K, V and writes O
@@ -443,15 +463,21 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
                   + scores_bytes_fwd(model, seq_len, micro_batch, tp, ab) / bw)
         t_attn_bwd = 2 * t_attn
     ops = block_ops(model)
+    if measured:
+        ops = (ops[0] - ffn_ops(model)[0], ops[1] - ffn_ops(model)[1])
     fwd = dispatch_floor(t_lin + t_attn + ew + ops[0] * overhead, ops[0], hw)
     bwd = dispatch_floor(2 * t_lin + t_attn_bwd + ew_b + ops[1] * overhead, ops[1], hw)
     if tp > 1 and dtensor_overhead:
         (df, db), _ = tp_dtensor_ops(model, sp)
         fwd += df * dtensor_overhead
         bwd += db * dtensor_overhead
-    down = lin[-1]  # the block's last product (per expert for MoE)
     routed = (sum(gemm_time(g, rate, bw, ab, hw, dtype) for g in routed_gemms(model, tokens))
               if model.is_moe else 0.0)
+    if measured:
+        fwd, bwd = fwd + moe_layer[0], bwd + moe_layer[1]  # type: ignore[index]
+        routed = min(routed, moe_layer[0])  # type: ignore[index]
+        lin, _ = block_gemms(model, tokens, seq_len, micro_batch, tp)
+    down = lin[-1]  # the block's last product (per expert for MoE)
     return BlockTime(forward=fwd, backward=bwd, attention_forward=t_attn,
                      last_matmul_forward=gemm_time(down, rate, bw, ab, hw, dtype) + overhead,
                      routed_forward=routed)

@@ -107,15 +107,21 @@ def _norm(model: ModelSpec, kind: str, composite_norm: bool) -> tuple[str, float
 
 
 def block_passes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str, kind: str,
-                 ep: int = 1, composite_norm: bool = False) -> dict[str, list[float]]:
+                 ep: int = 1, composite_norm: bool = False, ffn: bool = True
+                 ) -> dict[str, list[float]]:
     """Bytes of one block's memory-bound operators per micro-batch of ``tokens`` on one tp
     rank, ``kind`` ``eager``, ``llama-ref`` or ``autocast`` (see the module), by the kind of
     kernel that moves them (:data:`BW_FRACTION`): ``{kernel: [forward, backward]}``.
-    ``composite_norm``: ``F.rms_norm`` runs as operators (no fused kernel on the device)."""
+    ``composite_norm``: ``F.rms_norm`` runs as operators (no fused kernel on the device);
+    ``ffn`` False: without the feed-forward layer's own passes (its inputs' casts and their
+    gradients' sum, activation, experts' gather and scatter, weight casts, its output
+    gradient's cast), where a measured layer prices it (``moe_layer_measured``)."""
     c, r = dtypes(dtype, kind)
     h = model.hidden
     hs = h / tp if sp else h  # the stream's width on a rank (sharded by sequence parallelism)
     q, kv, f, mlp_in = _widths(model, tp)
+    if not ffn:
+        f, mlp_in = 0.0, 0
     cast = r + c if r != c else 0
     n_in = 3 + mlp_in  # linears reading a normalised input
     add = "add" if cast else "elementwise"  # sums with an fp32 operand, or in the dtype
@@ -129,9 +135,10 @@ def block_passes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str,
     norm, nf, nb = _norm(model, kind, composite_norm)
     put(norm, 2 * nf * r * hs, 2 * nb * r * hs)
     put(add, 2 * (2 * r + c) * hs, 2 * 3 * r * hs)  # residual adds; skip + norm gradients
-    put("cast_down", n_in * cast * h, 2 * cast * hs)  # linear inputs; the branches' gradient
+    branches = 2 if ffn else 1
+    put("cast_down", n_in * cast * h, branches * cast * hs)  # linear inputs; the branches' gradient
     put("cast_up", 0.0, n_in * cast * h)  # the linear inputs' gradients back to fp32
-    put(add, 0.0, (2 + (mlp_in - 1)) * 3 * (r if cast else c) * h)  # summed input gradients
+    put(add, 0.0, (2 + max(0, mlp_in - 1)) * 3 * (r if cast else c) * h)  # summed input gradients
     put("copy", 2 * c * q, 0.0)  # the attention output's layout
     if kind == "llama-ref":  # the reference RMSNorm in place of the fused kernel's passes
         put("elementwise", 2 * (REF_NORM[0] * c / 2 - 2 * r) * hs,
@@ -145,14 +152,14 @@ def block_passes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str,
     act_f, act_b = (5, 9) if model.mlp == "swiglu" else (2, 3)
     put("activation", 2 * c * f, 3 * c * f)  # SiLU or GELU itself, and its gradient
     put("elementwise", (act_f - 2) * c * f, (act_b - 3) * c * f)  # SwiGLU's gate product
-    if model.is_moe:  # routed experts: gather, weighting and index_add per assignment
+    if model.is_moe and ffn:  # routed experts: gather, weighting and index_add per assignment
         routed = model.top_k * ((act_f * model.ffn_hidden) + 6 * h) * c
         act = model.top_k * model.ffn_hidden * c  # the experts' activation, as the dense one
         put("activation", 2 * act, 3 * act)
         put("elementwise", routed - 2 * act, 2 * routed - 3 * act)
     if model.dropout > 0:  # two residual dropouts: read, write, a one-byte mask
         put("elementwise", 2 * hs * (2 * c + 1), 2 * hs * (2 * c + 1))
-    w = weight_cast_bytes(model, tp, dtype, kind, ep)
+    w = weight_cast_bytes(model, tp, dtype, kind, ep, ffn)
     out.setdefault("cast_down", [0.0, 0.0])[0] += w
     out.setdefault("cast_up", [0.0, 0.0])[1] += w
     return out
@@ -165,17 +172,19 @@ def block_bytes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str, 
     return sum(v[0] for v in passes.values()), sum(v[1] for v in passes.values())
 
 
-def weight_cast_bytes(model: ModelSpec, tp: int, dtype: str, kind: str, ep: int = 1) -> float:
+def weight_cast_bytes(model: ModelSpec, tp: int, dtype: str, kind: str, ep: int = 1,
+                      ffn: bool = True) -> float:
     """Autocast: each block weight read in fp32 and written in the compute dtype once per
     forward, and its gradient cast back in the backward (per micro-batch, one tp rank; the
-    rank's ``E / ep`` routed experts under expert parallelism)."""
+    rank's ``E / ep`` routed experts under expert parallelism; ``ffn`` False: attention's
+    weights only)."""
     c, r = dtypes(dtype, kind)
     if r == c:
         return 0.0
     h = model.hidden
     q, kv, f, mlp_in = _widths(model, tp)
-    weights = h * (2 * q + 2 * kv) + (mlp_in + 1) * h * f
-    if model.is_moe:
+    weights = h * (2 * q + 2 * kv) + ((mlp_in + 1) * h * f if ffn else 0)
+    if model.is_moe and ffn:
         weights += model.n_experts // ep * (mlp_in + 1) * h * model.ffn_hidden
     return (r + c) * weights
 

@@ -89,6 +89,16 @@ def ep_chunks(blk: Any) -> tuple[float, float, float, float]:
     return max(0.0, blk.forward - ef), ef, max(0.0, blk.backward - eb), eb
 
 
+def moe_layer_key(model: ModelSpec, dtype: str) -> str:
+    """The name a calibrated profile gives one MoE layer's timings
+    (``HardwareSpec.moe_layer_measured``): everything that shapes the layer's work -- hidden
+    size, expert width, experts, top-k, MLP kind, biases, shared experts, capacity -- and
+    the dtype it ran in, so a measurement only ever prices the layer it timed."""
+    cap = f"{model.capacity_factor:g}".replace(".", "p")
+    return (f"h{model.hidden}-f{model.ffn_hidden}-e{model.n_experts}-k{model.top_k}-"
+            f"{model.mlp}-b{int(model.bias)}-s{model.n_shared_experts}-c{cap}-{dtype}")
+
+
 def ep_group_ranks(plan: ParallelPlan) -> list[int]:
     """Global ranks of the ep group of rank 0: ``ep`` consecutive data-parallel ranks, which
     sit ``tp`` apart (:mod:`ptd.specs.layout`'s row-major ``(pp, dp, tp)`` order)."""

@@ -249,8 +249,12 @@ def micro_batch(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, atte
     tokens = s * mb
     bw, ovh = cluster.memory_bandwidth, cluster.op_overhead
     dt_ovh = (cluster.overhead("dtensor_op") or 0.0) if plan.tp > 1 else 0.0
+    # a MoE layer measured by ``ptd calibrate --model`` (CPUs): on the rank's tokens, all
+    # of them on every tp rank (its router and experts are whole there)
+    moe = (cluster.moe_layer(MOE.moe_layer_key(model, plan.dtype), tokens)
+           if model.is_moe else None)
     blk = _block_time(model, hw, s, mb, plan.tp, plan.sp, plan.dtype, rate, attention, bw,
-                      ovh, dt_ovh, elementwise, plan.ep)
+                      ovh, dt_ovh, elementwise, plan.ep, moe)
     if plan.ep > 1 and model.is_moe:
         ef, eb, _ = ep_layer_overheads(cluster)
         blk = dataclasses.replace(blk, forward=blk.forward + ef, backward=blk.backward + eb)

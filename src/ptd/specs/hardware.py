@@ -177,6 +177,17 @@ class HardwareSpec:
     sleep and must be woken, and where workers outnumber cores a peer descheduled during
     its chunk arrives late. Both grow with the chunk. Read by linear interpolation, flat
     past the measured chunks; absent: no wait (GPUs, presets)."""
+    moe_layer_measured: dict[str, dict[int, tuple[tuple[float, float, float], ...]]] = field(
+        default_factory=dict)
+    """From ``ptd calibrate --model M`` (CPU; M a mixture-of-experts model): M's MoE layer --
+    router, auxiliary losses, sort, gather, grouped experts, weighting, scatter back --
+    timed forward and backward at a few token counts, keyed by
+    :func:`ptd.cost.moe.moe_layer_key` (its shape and dtype), then by workers at once:
+    points ``(tokens, forward s, backward s)``. Where present for a model, the cost model
+    prices that layer by them (linear between the points, along the nearest two past them)
+    instead of operator by operator: a CPU's kernels for it follow neither bytes nor FLOPs
+    (a softmax over 8 router columns took 74 us for 512 tokens, one over 16 took 13;
+    docs/moe.md)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Where each number comes from."""
 
@@ -263,6 +274,27 @@ class HardwareSpec:
         # past the largest measured count, a wait for a descheduled peer grows as workers
         return wait * workers_per_node / pick if workers_per_node > pick else wait
 
+    def moe_layer_at(self, key: str, tokens: float, workers_per_node: int = 1
+                     ) -> tuple[float, float] | None:
+        """(forward, backward) seconds of the MoE layer ``key`` on ``tokens`` tokens while
+        ``workers_per_node`` run (``moe_layer_measured``), or None where not measured."""
+        table = self.moe_layer_measured.get(key)
+        if not table:
+            return None
+        counts = sorted(table)
+        pick = next((n for n in counts if n >= workers_per_node), counts[-1])
+        pts = sorted(table[pick])
+        if len(pts) == 1:
+            f, b = pts[0][1], pts[0][2]
+        else:
+            # the segment that holds ``tokens``, else the nearest one, extended
+            i = next((i for i in range(len(pts) - 1) if tokens <= pts[i + 1][0]), len(pts) - 2)
+            (t0, f0, b0), (t1, f1, b1) = pts[i], pts[i + 1]
+            u = (tokens - t0) / (t1 - t0)
+            f, b = max(0.0, f0 + u * (f1 - f0)), max(0.0, b0 + u * (b1 - b0))
+        scale = workers_per_node / pick if workers_per_node > pick else 1.0
+        return f * scale, b * scale
+
     def collective_fit(self, kind: str, group_size: int) -> CollectiveFit | None:
         """The measured fit for ``kind`` at the closest group size, if calibrated."""
         fits = [c for c in self.collectives if c.kind == kind]
@@ -283,6 +315,8 @@ class HardwareSpec:
             d[k] = {str(n): v for n, v in getattr(self, k).items()}
         d["blocking_wait_measured"] = {str(n): [list(p) for p in pts]
                                        for n, pts in self.blocking_wait_measured.items()}
+        d["moe_layer_measured"] = {k: {str(n): [list(p) for p in pts] for n, pts in t.items()}
+                                   for k, t in self.moe_layer_measured.items()}
         return d
 
 
@@ -346,6 +380,11 @@ class ClusterSpec:
     def overhead(self, kind: str) -> float | None:
         """A measured framework overhead with the node's workers running, or None."""
         return self.hardware.overhead_at(kind, self.workers_per_node)
+
+    def moe_layer(self, key: str, tokens: float) -> tuple[float, float] | None:
+        """The measured MoE layer ``key`` on ``tokens`` tokens with the node's workers
+        running (``HardwareSpec.moe_layer_at``), or None."""
+        return self.hardware.moe_layer_at(key, tokens, self.workers_per_node)
 
     def blocking_wait(self, chunk: float) -> float:
         """The wait a blocking collective adds after ``chunk`` seconds of computation, with
@@ -560,6 +599,15 @@ def hardware_from_dict(d: dict[str, Any], name: str = "custom") -> HardwareSpec:
         except (TypeError, ValueError, AttributeError):
             raise PtdError(f"{name}: blocking_wait_measured wants workers = [[chunk, wait], "
                            "...] (seconds)") from None
+    if "moe_layer_measured" in d:
+        try:
+            d["moe_layer_measured"] = {
+                str(k): {int(n): tuple((float(t), float(f), float(b)) for t, f, b in pts)
+                         for n, pts in per.items()}
+                for k, per in d["moe_layer_measured"].items()}
+        except (TypeError, ValueError, AttributeError):
+            raise PtdError(f"{name}: moe_layer_measured wants layer.workers = [[tokens, "
+                           "forward s, backward s], ...]") from None
     if "collectives" in d:
         try:
             d["collectives"] = tuple(c if isinstance(c, CollectiveFit) else CollectiveFit(**c)

@@ -185,6 +185,17 @@ def check_hardware(hw: Any) -> None:
         for c, wt in pts:
             _nonneg(w, f"blocking_wait_measured[{n}] chunk", c)
             _nonneg(w, f"blocking_wait_measured[{n}] wait", wt)
+    for key, per in hw.moe_layer_measured.items():
+        for n, pts in per.items():
+            if not isinstance(n, int) or n < 1 or not pts:
+                raise PtdError(f"{w}moe_layer_measured.{key} wants workers (1, 2, ...) = "
+                               "[[tokens, forward s, backward s], ...]")
+            for t, f, b in pts:
+                positive(w, f"moe_layer_measured.{key}[{n}] tokens", t)
+                _nonneg(w, f"moe_layer_measured.{key}[{n}] forward", f)
+                _nonneg(w, f"moe_layer_measured.{key}[{n}] backward", b)
+            if len({t for t, _, _ in pts}) != len(pts):
+                raise PtdError(f"{w}moe_layer_measured.{key}[{n}]: each token count once")
     for c in hw.collectives:
         if not isinstance(c.kind, str) or not isinstance(c.group_size, int) or c.group_size < 1:
             raise PtdError(f"{w}collectives: bad fit {c!r}")

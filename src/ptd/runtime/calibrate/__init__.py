@@ -70,13 +70,15 @@ def calibrate(workers: list[int], dtypes: list[str], quick: bool, base: str, nam
               info: dict[str, Any], on_tick: Callable[[str], None] = lambda s: None,
               model_shapes: list[tuple[int, int, int]] | None = None,
               model_attention: list[tuple[int, int, int, int]] | None = None,
-              op_spec: dict | None = None) -> dict[str, Any]:
+              op_spec: dict | None = None, moe_spec: dict | None = None) -> dict[str, Any]:
     """Measure; return ``{"hardware": table, "meta": ..., "summary": ...}`` (validated).
     ``model_shapes``: a model's products (m, n, k), swept beside the default shapes;
     ``model_attention``: its attention shapes (b, heads, s, head_dim); ``op_spec``: the model
-    whose operators price one operator (:func:`~.workers.op_model`)."""
+    whose operators price one operator (:func:`~.workers.op_model`); ``moe_spec``: a
+    mixture-of-experts model whose MoE layer is timed (CPU)."""
     import torch
-    plan = make_plan(workers, dtypes, quick, info["device"], model_shapes, model_attention, op_spec)
+    plan = make_plan(workers, dtypes, quick, info["device"], model_shapes, model_attention, op_spec,
+                     moe_spec)
     load = _loadavg()
     t0 = time.monotonic()
     results = run_workers(plan, on_tick)

@@ -9,6 +9,7 @@ training run where every rank sits in some group.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
@@ -378,6 +379,50 @@ def ep_layer_costs(sync: Sync, T: float, rep: int) -> dict[str, float]:
             "ep_all_to_all_backward": max(0.0, cb - sb - a2a)}
 
 
+MOE_TOKENS = (64, 512, 2048)
+"""Token counts at which a model's MoE layer is timed (``moe_layer_measured``): the cost
+model reads between them (and along the last two past them)."""
+
+
+def moe_layer_times(fields: dict, dtypes: list[str], sync: Sync, T: float, rep: int
+                    ) -> dict[str, list[list[float]]]:
+    """``{moe_layer_key: [[tokens, forward s, backward s], ...]}`` for the MoE layer of the
+    model ``fields`` (a :class:`ModelSpec`'s fields), as ptd's runtime runs it in training:
+    the layer built from the spec, weights drawn at the scale of its initialisation,
+    statistics recorded, bf16 and fp16 under autocast over fp32 weights
+    (:mod:`ptd.runtime.precision`); each forward on :data:`MOE_TOKENS` random tokens and its
+    backward from a sum, less the same sum on a plain tensor of the output's shape."""
+    from ...cost.moe import moe_layer_key
+    from ...specs.model import ModelSpec
+    from ..model.moe import MoE
+    spec = ModelSpec(**fields)
+    torch.manual_seed(0)
+    layer = MoE(spec)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    layer.train()
+    out: dict[str, list[list[float]]] = {}
+    for dt in dtypes:
+        ctx = ((lambda: torch.autocast("cpu", dtype=DTYPES[dt])) if dt != "fp32"
+               else contextlib.nullcontext)
+        pts = []
+        for tokens in MOE_TOKENS:
+            layer.aux_scale = 1.0 / tokens
+            x = torch.randn(1, tokens, spec.hidden, requires_grad=True)
+            plain = torch.randn(1, tokens, spec.hidden, requires_grad=True)
+
+            def forward(x: torch.Tensor = x) -> torch.Tensor:
+                with ctx():
+                    y = layer(x)
+                layer.stats = None  # (the runtime resets them every step)
+                return y.sum()
+            f, b = _forward_backward_time(forward, sync, T, rep)
+            sf, sb = _forward_backward_time(lambda: plain.sum(), sync, T, rep)
+            pts.append([float(tokens), max(0.0, f - sf), max(0.0, b - sb)])
+        out[moe_layer_key(spec, dt)] = pts
+    return out
+
+
 def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
                   tick: Callable[[str], None]) -> dict:
     """Matmul, memory, operator-overhead and attention timings on one of ``n`` workers."""
@@ -416,6 +461,8 @@ def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
         if plan.get("op_model"):
             out["overhead"]["model"] = model_op_cost(plan["op_model"], sync, T / 2, rep)
         out["framework"] = framework_overheads(sync, T / 2, rep, op_fields=plan.get("op_model"))
+        if plan.get("moe_model"):
+            out["moe_layer"] = moe_layer_times(plan["moe_model"], plan["dtypes"], sync, T / 2, rep)
         tick(f"overhead x{n}")
 
     for dt in plan["dtypes"]:
@@ -536,6 +583,11 @@ def _collective(kind: str, nbytes: int, g: int, rank: int, pg: Any,
     raise ValueError(kind)
 
 
+BLOCKING_SIDE = 256
+"""The chunks' matmuls are ``BLOCKING_SIDE`` squared, fp32 (``profile._blocking_curves``
+prices them at the measured rate; the plan's ``blocking_side``)."""
+
+
 def blocking_curve(rank: int, n_active: int, pg: Any, barrier: Any, timeout: float,
                    repeats: int, chunks: dict[int, int], nbytes: int
                    ) -> dict[str, list[float]] | None:
@@ -552,7 +604,7 @@ def blocking_curve(rank: int, n_active: int, pg: Any, barrier: Any, timeout: flo
     chunk seconds, mean all-reduce seconds]`` (median of ``repeats`` windows), None on
     ranks outside the active pairs. The iteration counts are fixed, not timed: both peers
     must call the collective equally often."""
-    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    a, b = torch.randn(BLOCKING_SIDE, BLOCKING_SIDE), torch.randn(BLOCKING_SIDE, BLOCKING_SIDE)
     x = torch.zeros(nbytes // 4)
     active = rank < n_active
     out: dict[str, list[list[float]]] = {}

@@ -53,6 +53,7 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
     memory: dict[int, dict] = {}
     overhead: dict[int, dict] = {}
     framework: dict[str, dict[int, float]] = {}
+    moe_layer: dict[str, dict[int, list[list[float]]]] = {}
     attention: dict[str, dict[int, dict]] = {}
     for n in plan["workers"]:
         per = [r["compute"][str(n)] for r in results if str(n) in r["compute"]]
@@ -95,6 +96,10 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
         if "framework" in per[0]:
             for k in per[0]["framework"]:
                 framework.setdefault(k, {})[n] = mean([p["framework"][k] for p in per])
+        for key, pts in per[0].get("moe_layer", {}).items():  # the ranks' mean, point by point
+            moe_layer.setdefault(key, {})[n] = [
+                [t, mean([p["moe_layer"][key][i][1] for p in per]),
+                 mean([p["moe_layer"][key][i][2] for p in per])] for i, (t, _, _) in enumerate(pts)]
     collectives = []
     for key in sorted((k for k in results[0]["collectives"] if ":" in k),
                       key=lambda k: (int(k.split(":")[1]), k)):
@@ -106,7 +111,8 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
         collectives.append({"kind": kind, "group_size": g, "alpha": f.intercept,
                             "bus_bandwidth": 1.0 / f.slope, **_fit_dict(f),
                             "times": {int(s): t for s, t in zip(sizes, ts)}})
-    blocking = _blocking_curves(results, collectives, plan.get("blocking_bytes", 0))
+    blocking = _blocking_curves(results, collectives, plan.get("blocking_bytes", 0),
+                                gemm.get("fp32", {}), plan.get("blocking_side", 256))
     missing: dict[str, str] = {}
     for r in results:
         missing.update(r.get("missing", {}))
@@ -140,19 +146,31 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
             attention_shapes.setdefault(dt, {})[key] = mean(rates) / gemm[dt][w0]["rate"]
     gemm_shapes = {dt: {key: mean(v) / gemm[dt][w0]["rate"] for key, v in t.items()}
                    for dt, t in shapes.items()}
-    return {"gemm": gemm, "gemm_shapes": gemm_shapes, "memory": memory, "overhead": overhead, "framework": framework,
+    return {"gemm": gemm, "gemm_shapes": gemm_shapes, "memory": memory, "overhead": overhead,
+            "framework": framework, "moe_layer": moe_layer,
             "attention": attention, "attention_shapes": attention_shapes,
             "attention_ratio": median(ratios) if ratios else None,
             "attention_dtype": primary, "collectives": collectives, "blocking": blocking,
             "missing": missing}
 
 
-def _blocking_curves(results: list[dict], fits: list[dict], nbytes: int
+def _blocking_curves(results: list[dict], fits: list[dict], nbytes: int,
+                     gemm: dict[int, dict] | None = None, side: int = 256
                      ) -> dict[int, list[list[float]]]:
-    """Workers at once -> ``[chunk s, wait s, all-reduce s]`` points, by chunk: the mean
-    over the active ranks of what an all-reduce cost after a chunk (``bench.blocking_curve``)
-    less what the cost model already charges for it (the group-of-2 all-reduce fit, or
-    where there is none the back-to-back call of the same loop)."""
+    """Workers at once -> ``[chunk s, wait s, all-reduce s, chunk as timed s]`` points, by
+    chunk: the mean
+    over the active ranks of what a chunk of ``k`` matmuls and the all-reduce after it
+    cost (``bench.blocking_curve``) less what the cost model already charges for them --
+    the all-reduce's fit (the group-of-2 fit, or where there is none the back-to-back call
+    of the same loop) and the chunk's products at the matmul rate measured with as many
+    workers at once (``gemm``: fp32 by workers, its ``side`` x ``side`` rate where
+    measured), which is also the chunk the point stands at. Why the chunk as priced, not
+    as timed: where workers outnumber cores, the rate measured with all of them busy
+    already prices the time each waits for a core; a peer that was descheduled during its
+    chunk arrives late by the same time. (4 workers on 2 cores, 2026-11-28: 8 matmuls of
+    256 took 3.9 ms and the all-reduce after them 4.6, where 8 products at the 4-worker rate
+    cost 5.9: 2.4 ms more than the cost model charges, not 4.3.) Without ``gemm``: the
+    chunks as timed, the all-reduce less its fit."""
     fit = next((c for c in fits if c["kind"] == "all_reduce" and c["group_size"] == 2), None)
     curves: dict[int, list[list[float]]] = {}
     per_n = [r["collectives"]["blocking"] for r in results
@@ -163,7 +181,13 @@ def _blocking_curves(results: list[dict], fits: list[dict], nbytes: int
                for k in ranks[0]}
         base = (fit["alpha"] + bus_factor("all_reduce", 2) * nbytes / fit["bus_bandwidth"]
                 if fit else pts.get("0", (0.0, min(t for _, t in pts.values())))[1])
-        curves[int(n)] = sorted([c, max(0.0, t - base), t] for c, t in pts.values())
+        g = (gemm or {}).get(int(n))
+        rate = (g["sizes"].get(side, g["rate"]) if g else 0.0)
+        out = []
+        for k, (c, t) in pts.items():
+            priced = int(k) * 2.0 * side**3 / rate if rate else c
+            out.append([priced, max(0.0, c + t - base - priced), t, c])
+        curves[int(n)] = sorted(out)
     return curves
 
 
@@ -196,11 +220,14 @@ def profile_table(summary: dict, base: HardwareSpec, name: str, device: str,
         hw["op_overhead_measured"] = {str(n): v["value"] for n, v in ov.items()}
         hw["op_overhead"] = ov[min(ov)]["value"]
     if summary.get("blocking"):
-        hw["blocking_wait_measured"] = {str(n): [[c, w] for c, w, _ in pts]
+        hw["blocking_wait_measured"] = {str(n): [[p[0], p[1]] for p in pts]
                                         for n, pts in summary["blocking"].items()}
     if summary.get("framework"):
         hw["overheads_measured"] = {k: {str(n): max(v, 1e-9) for n, v in t.items()}
                                     for k, t in summary["framework"].items()}
+    if summary.get("moe_layer"):
+        hw["moe_layer_measured"] = {k: {str(n): pts for n, pts in t.items()}
+                                    for k, t in summary["moe_layer"].items()}
     if summary["attention_ratio"]:
         hw["attention_efficiency"] = min(1.0, summary["attention_ratio"])
     if summary.get("attention_shapes"):

@@ -40,12 +40,14 @@ def op_model(spec: Any = None) -> dict:
 def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
               model_shapes: list[tuple[int, int, int]] | None = None,
               model_attention: list[tuple[int, int, int, int]] | None = None,
-              op_spec: dict | None = None) -> dict:
+              op_spec: dict | None = None, moe_spec: dict | None = None) -> dict:
     """Sizes, windows and repeats: the default calibration is ~1.5 minutes on a 2-core CPU,
     ``quick`` ~15 s. ``op_spec``: :func:`op_model`'s fields (CPU; default the tiny
     preset's). ``model_shapes``: products (m, n, k) of a model, measured beside the
     sweep; ``model_attention``: its attention shapes (b, heads, s, head_dim), measured beside
-    the default ones (on the smallest worker count, like the sweep)."""
+    the default ones (on the smallest worker count, like the sweep); ``moe_spec``: a
+    mixture-of-experts model's fields, whose MoE layer is timed (CPU,
+    :func:`.bench.moe_layer_times`)."""
     cuda = device == "cuda"
     # pipeline send/recv is always between pairs, so 2 is measured whenever it can be
     group_sizes = sorted({n for n in workers if n >= 2} | ({2} if max(workers) >= 2 else set()))
@@ -81,10 +83,11 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
     return dict(p, device=device, workers=sorted(set(workers)), dtypes=list(dtypes),
                 pause_s=0.15 if cuda else 0.0, warmup_s=0.2 if quick else 1.0,
                 gemm_shapes=gemm_sweep(cuda, quick, model_shapes),
-                blocking_bytes=MiB,
+                blocking_bytes=MiB, blocking_side=256,  # (bench.BLOCKING_SIDE)
                 gemm_sizes=gemm, attn_shapes=attn,
                 attn_model_shapes=_with_small_heads(list(model_attention or []), cuda),
                 op_model=None if cuda else (op_spec or op_model()),
+                moe_model=None if cuda else moe_spec,
                 coll_sizes=coll, kinds=list(KINDS),
                 group_sizes=group_sizes)
 

@@ -243,6 +243,13 @@ def render(result: dict, path: Path) -> str:
                   "pattern), N at once: wait = chunk + all-reduce as timed - the chunk at the "
                   "N-worker matmul rate - the all-reduce fit",
                   table(rows, header=("N", "chunk", "priced", "all-reduce", "wait"))]
+    if s.get("moe_layer"):
+        rows = [(key, n, int(t), duration(f), duration(b))
+                for key, per in s["moe_layer"].items() for n, pts in per.items()
+                for t, f, b in pts]
+        lines += ["", "the model's MoE layer as ptd trains it, N at once (the cost model prices "
+                  "the layer by these, linear in tokens)",
+                  table(rows, header=("layer", "N", "tokens", "forward", "backward"))]
     for kind, err in s["missing"].items():
         lines.append(f"not measured: {kind} ({err}); the cost model uses the link for it")
     from ..specs.hardware import hardware_home

@@ -123,3 +123,27 @@ def test_the_step_reads_the_measured_layer_of_the_runs_shape_and_dtype():
     other = MOE.replace(top_k=1)
     mbt = S.micro_batch(other, plan, ClusterSpec(with_fp32, 1), "flash", True, True, "autocast")
     assert mbt.blk.forward == pytest.approx(C.block_ops(other)[0] * OVH, rel=1e-6)
+
+
+def test_lookup_never_goes_below_zero():
+    # along the first segment past its start: 1 ms at 512, 5 ms at 2048 tokens would read
+    # -0.33 ms at 0 tokens; a time is not negative
+    hw = load_hardware("cpu").replace(
+        moe_layer_measured={KEY: {1: ((512.0, 1e-3, 1e-3), (2048.0, 5e-3, 9e-3))}})
+    assert hw.moe_layer_at(KEY, 0) == (0.0, 0.0)
+
+
+def test_without_the_layer_autocast_casts_only_attentions_inputs_and_weights():
+    # bf16 under autocast (c = 2 bytes, the fp32 stream r = 4: a cast reads 4 and writes 2):
+    # tiny-moe's q is 64 (8 heads of 8), kv 32. Without its feed-forward layer a block casts
+    # the three attention inputs (q, k, v; 3 x 6 x 64 bytes a token), one branch's output
+    # gradient (6 x 64), and attention's weights each way, 64 x (2 x 64 + 2 x 32) elements
+    # at 6 bytes; the layer's own casts are in its measurement (its shared experts' too).
+    from ptd.cost import eager as EAGER
+    t = 512
+    w = 6 * 64 * (2 * 64 + 2 * 32)
+    for model in (MOE, MOE.replace(n_shared_experts=1)):
+        p = EAGER.block_passes(model, t, 1, False, "bf16", "autocast", ffn=False)
+        assert p["cast_down"] == pytest.approx([3 * 6 * 64 * t + w, 6 * 64 * t])
+        assert p["cast_up"] == pytest.approx([0.0, 3 * 6 * 64 * t + w])
+        assert p.get("activation", [0.0, 0.0]) == [0.0, 0.0]

@@ -107,6 +107,10 @@ def test_the_measured_layer_replaces_its_products_and_passes():
     assert zero.forward == pytest.approx(ref.forward - t, rel=0.02)
     assert zero.backward == pytest.approx(ref.backward - 2 * t, rel=0.02)
     assert zero.forward < blk(MOE).forward
+    # what an early-stopping full recompute skips is still the block's last product, the
+    # experts' down projection: 8 experts of 512 x 2 / 8 = 128 rows, 64 x 64
+    down = C.gemm_time(C.Gemm(128, 64, 64, 8), rate, bw, 4, hw, "fp32")
+    assert zero.last_matmul_forward == pytest.approx(down, rel=1e-9)
 
 
 def test_the_step_reads_the_measured_layer_of_the_runs_shape_and_dtype():

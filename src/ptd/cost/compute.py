@@ -436,7 +436,8 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
     overhead = hw.op_overhead if overhead is None else overhead
     tokens = seq_len * micro_batch
     measured = moe_layer is not None and model.is_moe and elementwise != "fused"
-    lin, attn = block_gemms(model, tokens, seq_len, micro_batch, tp, ffn=not measured)
+    full, attn = block_gemms(model, tokens, seq_len, micro_batch, tp)
+    lin = block_gemms(model, tokens, seq_len, micro_batch, tp, ffn=False)[0] if measured else full
     t_lin = sum(gemm_time(g, rate, bw, ab, hw, dtype) for g in lin)
     gpu_kernels = bool(hw.sm_count)  # the measured kernel bandwidths are a GPU's
     slow_norm = (1 / NORM_BW_FRACTION - 1) if gpu_kernels else 0.0
@@ -464,7 +465,8 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
         t_attn_bwd = 2 * t_attn
     ops = block_ops(model)
     if measured:
-        ops = (ops[0] - ffn_ops(model)[0], ops[1] - ffn_ops(model)[1])
+        layer_ops = ffn_ops(model)
+        ops = (ops[0] - layer_ops[0], ops[1] - layer_ops[1])
     fwd = dispatch_floor(t_lin + t_attn + ew + ops[0] * overhead, ops[0], hw)
     bwd = dispatch_floor(2 * t_lin + t_attn_bwd + ew_b + ops[1] * overhead, ops[1], hw)
     if tp > 1 and dtensor_overhead:
@@ -476,8 +478,7 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
     if measured:
         fwd, bwd = fwd + moe_layer[0], bwd + moe_layer[1]  # type: ignore[index]
         routed = min(routed, moe_layer[0])  # type: ignore[index]
-        lin, _ = block_gemms(model, tokens, seq_len, micro_batch, tp)
-    down = lin[-1]  # the block's last product (per expert for MoE)
+    down = full[-1]  # the block's last product (per expert for MoE)
     return BlockTime(forward=fwd, backward=bwd, attention_forward=t_attn,
                      last_matmul_forward=gemm_time(down, rate, bw, ab, hw, dtype) + overhead,
                      routed_forward=routed)

@@ -261,8 +261,7 @@ class HardwareSpec:
         seconds of computation while ``workers_per_node`` run (``blocking_wait_measured``)."""
         if not self.blocking_wait_measured:
             return self.overhead_at("blocking_collective", workers_per_node) or 0.0
-        counts = sorted(self.blocking_wait_measured)
-        pick = next((n for n in counts if n >= workers_per_node), counts[-1])
+        pick = _pick_workers(self.blocking_wait_measured, workers_per_node)
         pts = sorted(self.blocking_wait_measured[pick])
         if chunk <= pts[0][0]:
             wait = pts[0][1]
@@ -281,8 +280,7 @@ class HardwareSpec:
         table = self.moe_layer_measured.get(key)
         if not table:
             return None
-        counts = sorted(table)
-        pick = next((n for n in counts if n >= workers_per_node), counts[-1])
+        pick = _pick_workers(table, workers_per_node)
         pts = sorted(table[pick])
         if len(pts) == 1:
             f, b = pts[0][1], pts[0][2]
@@ -320,14 +318,20 @@ class HardwareSpec:
         return d
 
 
+def _pick_workers(table: dict[int, Any], workers: int) -> int:
+    """The measured worker count that stands for ``workers`` at once: the nearest at or
+    above it, else the largest (more workers never run faster)."""
+    counts = sorted(table)
+    return next((n for n in counts if n >= workers), counts[-1])
+
+
 def _per_worker(table: dict[int, float], workers: int, default: float, share: bool) -> float:
     """Look a measured per-worker quantity up for ``workers`` running at once: the entry for
     the nearest measured count at or above it; past the largest, a rate is shared out
     (``share``: bandwidths and FLOP/s fall as 1/workers) and a time grows as workers."""
     if not table:
         return default
-    counts = sorted(table)
-    pick = next((n for n in counts if n >= workers), counts[-1])
+    pick = _pick_workers(table, workers)
     value = table[pick]
     if workers > pick:
         value = value * pick / workers if share else value * workers / pick

@@ -137,11 +137,11 @@ def run(a: argparse.Namespace) -> int:
     att = model_attention_shapes(a.model, min(a.tokens, 2048)) if a.model else None
     from ..runtime.calibrate.workers import op_model
     from ..specs.model import load_model
-    ops = op_model(load_model(a.model)) if a.model else None
+    spec = load_model(a.model) if a.model else None
+    ops = op_model(spec) if spec else None
     # a mixture-of-experts model's layer is timed whole (its CPU kernels follow neither
     # bytes nor FLOPs: ptd.specs.hardware, moe_layer_measured)
-    moe = (dataclasses.asdict(load_model(a.model))
-           if a.model and load_model(a.model).is_moe else None)
+    moe = dataclasses.asdict(spec) if spec and spec.is_moe else None
     labels = stage_labels(make_plan(workers, dtypes, a.quick, info["device"], shapes, att, ops))
     print(f"ptd calibrate: {info['device']} ({info['name']}), workers {workers}, dtypes {dtypes}"
           f"{', quick' if a.quick else ''}; {len(labels)} stages", file=sys.stderr)

@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ...cost.step import EP_ROW_ALL_TO_ALLS
+from .profile import BLOCKING_SIDE
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -583,13 +584,8 @@ def _collective(kind: str, nbytes: int, g: int, rank: int, pg: Any,
     raise ValueError(kind)
 
 
-BLOCKING_SIDE = 256
-"""The chunks' matmuls are ``BLOCKING_SIDE`` squared, fp32 (``profile._blocking_curves``
-prices them at the measured rate; the plan's ``blocking_side``)."""
-
-
 def blocking_curve(rank: int, n_active: int, pg: Any, barrier: Any, timeout: float,
-                   repeats: int, chunks: dict[int, int], nbytes: int
+                   repeats: int, chunks: dict[int, int], nbytes: int, side: int = BLOCKING_SIDE
                    ) -> dict[str, list[float]] | None:
     """What a *blocking* collective costs after a chunk of computation, as tensor
     parallelism's activation all-reduces do, with ``n_active`` workers of the node running
@@ -604,7 +600,7 @@ def blocking_curve(rank: int, n_active: int, pg: Any, barrier: Any, timeout: flo
     chunk seconds, mean all-reduce seconds]`` (median of ``repeats`` windows), None on
     ranks outside the active pairs. The iteration counts are fixed, not timed: both peers
     must call the collective equally often."""
-    a, b = torch.randn(BLOCKING_SIDE, BLOCKING_SIDE), torch.randn(BLOCKING_SIDE, BLOCKING_SIDE)
+    a, b = torch.randn(side, side), torch.randn(side, side)
     x = torch.zeros(nbytes // 4)
     active = rank < n_active
     out: dict[str, list[list[float]]] = {}
@@ -674,7 +670,8 @@ def collective_suite(rank: int, nproc: int, plan: dict, device: torch.device, ba
             # blocking collectives after compute chunks, with 2 and with all workers busy
             for n_active in sorted({2, nproc}):
                 w = blocking_curve(rank, n_active, pg, barrier, timeout, plan["repeats"],
-                                   plan["blocking_chunks"], plan["blocking_bytes"])
+                                   plan["blocking_chunks"], plan["blocking_bytes"],
+                                   plan.get("blocking_side", BLOCKING_SIDE))
                 if w is not None:
                     times.setdefault("blocking", {})[str(n_active)] = w
             tick("blocking collectives")

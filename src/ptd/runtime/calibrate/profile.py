@@ -33,6 +33,11 @@ from ...specs.hardware import HardwareSpec
 from .fit import LinearFit, fit_linear, mean, median
 
 
+BLOCKING_SIDE = 256
+"""The blocking-wait loop's matmuls are this many squared, fp32 (``bench.blocking_curve``
+times them, :func:`_blocking_curves` prices them at the measured rate)."""
+
+
 def _gemm_flops(size: str) -> float:
     """FLOPs of one timed matmul call: three ``s x s x s`` products."""
     return 3 * 2.0 * int(size) ** 3
@@ -112,7 +117,7 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
                             "bus_bandwidth": 1.0 / f.slope, **_fit_dict(f),
                             "times": {int(s): t for s, t in zip(sizes, ts)}})
     blocking = _blocking_curves(results, collectives, plan.get("blocking_bytes", 0),
-                                gemm.get("fp32", {}), plan.get("blocking_side", 256))
+                                gemm.get("fp32", {}), plan.get("blocking_side", BLOCKING_SIDE))
     missing: dict[str, str] = {}
     for r in results:
         missing.update(r.get("missing", {}))
@@ -155,7 +160,7 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
 
 
 def _blocking_curves(results: list[dict], fits: list[dict], nbytes: int,
-                     gemm: dict[int, dict] | None = None, side: int = 256
+                     gemm: dict[int, dict] | None = None, side: int = BLOCKING_SIDE
                      ) -> dict[int, list[list[float]]]:
     """Workers at once -> ``[chunk s, wait s, all-reduce s, chunk as timed s]`` points, by
     chunk: the mean

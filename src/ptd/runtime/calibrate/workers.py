@@ -16,6 +16,7 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
+from .profile import BLOCKING_SIDE
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
 KiB, MiB = 2**10, 2**20
@@ -83,7 +84,7 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
     return dict(p, device=device, workers=sorted(set(workers)), dtypes=list(dtypes),
                 pause_s=0.15 if cuda else 0.0, warmup_s=0.2 if quick else 1.0,
                 gemm_shapes=gemm_sweep(cuda, quick, model_shapes),
-                blocking_bytes=MiB, blocking_side=256,  # (bench.BLOCKING_SIDE)
+                blocking_bytes=MiB, blocking_side=BLOCKING_SIDE,
                 gemm_sizes=gemm, attn_shapes=attn,
                 attn_model_shapes=_with_small_heads(list(model_attention or []), cuda),
                 op_model=None if cuda else (op_spec or op_model()),

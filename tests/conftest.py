@@ -11,7 +11,7 @@ from helpers import forbid_processes
 ROOT = Path(__file__).resolve().parents[1]
 
 # Tests keep their own ptd home: no hardware profile or data cache of whoever runs them
-# (~/.ptd, ~/.cache/ptd, $PTD_HOME) reaches a test, and none is written there. Many tests
+# (~/.ptd, $PTD_HOME) reaches a test, and none is written there. Many tests
 # give each run a home of its own on top of this one.
 _HOME = tempfile.mkdtemp(prefix="ptd-test-home-")
 os.environ["PTD_HOME"] = _HOME

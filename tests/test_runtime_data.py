@@ -11,7 +11,7 @@ from ptd.specs import DataConfig
 
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PTD_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("PTD_HOME", str(tmp_path))
 
 
 def _stream(n=5000, seed=0):

@@ -42,13 +42,19 @@ def describe_os_error(e: OSError) -> str:
     return f"{e.strerror or e}{':' if where else ''}{where}"
 
 
+def ptd_home() -> Path:
+    """ptd's own folder: ``$PTD_HOME`` where it is set and not empty, else ``~/.ptd``. Profiles
+    (``hardware/``), the text cache (``cache/``) and crash logs (``logs/``) live under it. One
+    function, so an empty ``PTD_HOME`` never means the working folder for one of them."""
+    return Path(os.environ.get("PTD_HOME") or Path.home() / ".ptd")
+
+
 def crash_log(exc: BaseException) -> Path | None:
     """Write ``exc``'s traceback to ``$PTD_HOME/logs/crash-<time>-<pid>.log`` (else the
     temporary folder) and return the path; None if neither can be written."""
     text = "".join(traceback.format_exception(exc))
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    home = Path(os.environ.get("PTD_HOME", Path.home() / ".ptd"))
-    for folder in (home / "logs", Path(os.environ.get("TMPDIR", "/tmp"))):
+    for folder in (ptd_home() / "logs", Path(os.environ.get("TMPDIR", "/tmp"))):
         path = folder / f"ptd-crash-{stamp}-{os.getpid()}.log"
         try:
             folder.mkdir(parents=True, exist_ok=True)

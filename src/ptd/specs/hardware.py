@@ -20,13 +20,12 @@ from __future__ import annotations
 import math
 
 import dataclasses
-import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import PtdError
+from ..errors import PtdError, ptd_home
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -532,7 +531,7 @@ PRESETS: dict[str, HardwareSpec] = {
 
 def hardware_home() -> Path:
     """Where ``ptd calibrate`` writes profiles: ``$PTD_HOME/hardware`` (``~/.ptd/hardware``)."""
-    return Path(os.environ.get("PTD_HOME", Path.home() / ".ptd")) / "hardware"
+    return ptd_home() / "hardware"
 
 
 def _number(v: Any) -> float:

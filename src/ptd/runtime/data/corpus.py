@@ -11,8 +11,8 @@ ones skipped), globs (``**`` allowed), and pre-tokenised ``.bin`` files of littl
 ``uint16`` token ids. The stream is all text files concatenated in the order given,
 followed by the ``.bin`` files in the order given.
 
-Text is concatenated once into a cache file under ``$PTD_HOME`` (default
-``~/.cache/ptd``), keyed by the files' names, sizes and modification times, so that eight
+Text is concatenated once into a cache file under ``$PTD_HOME/cache`` (default
+``~/.ptd/cache``), keyed by the files' names, sizes and modification times, so that eight
 workers memory-map one file instead of each reading 1,800. ``ptd train`` builds the cache
 before it starts the workers; writes are atomic (temporary file, then rename).
 
@@ -30,12 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import PtdError
+from ...errors import PtdError, ptd_home
 from ...specs import DataConfig
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("PTD_HOME") or Path.home() / ".cache" / "ptd")
+    return ptd_home() / "cache"
 
 
 def stdlib_files() -> list[Path]:

@@ -66,6 +66,13 @@ def test_bench_scaling_reduced_grid(tmp_path):
         labels = {span[0] for span in rank["timeline"]}
         assert {"F", "B", "step"} <= labels, labels
     assert "Amdahl" in r.stdout and "measured | predicted" in r.stdout
+    # the machine against its profile (the cpu preset here: no calibration in this home),
+    # before and after the runs, printed and kept
+    drift = data["meta"]["machine_vs_profile"]
+    for when in ("before", "after"):
+        assert drift[when]["ratio"]["matmul"] > 0 and drift[when]["ratio"]["memory"] > 0
+        assert drift[when]["profile"]["matmul_flops"] == 90.8e9  # the preset's, measured 11-23
+    assert "this machine against its profile" in r.stdout
 
 
 def test_rounds_run_the_grid_round_after_round_and_keep_each_rows_median(monkeypatch, tmp_path):

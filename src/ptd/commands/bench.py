@@ -1,5 +1,7 @@
 """ptd bench scaling: scaling tables measured on this machine, beside the cost model's
-prediction, then predicted at cluster scale.
+prediction, then predicted at cluster scale. Before and after the runs it times this
+machine's matmul rate and memory bandwidth against the profile's (a shared machine drifts
+from its calibration; the ratios are printed, the predictions unchanged).
 
 For one model and one global batch, each strategy (DDP, ZeRO-1/2/3, TP, PP and a 3-D mix)
 runs at each worker count (1, 2, 4) as a short real `ptd train`; the tables are speedup and
@@ -88,17 +90,23 @@ def run(a: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     from ..runtime.calibrate.first_run import ensure_profile
     ensure_profile(a.hardware)  # the runs' predictions use this machine's numbers
+    from ..runtime.calibrate import drift
+    from ..runtime.calibrate.first_run import resolve_hardware
+    hw = resolve_hardware(a.hardware or "auto")[0]
     t0 = time.perf_counter()
+    before = drift.check(hw)  # the machine against its profile, around the runs
     data = S.measure(out, model=a.model, seq_len=a.seq_len, global_batch=a.global_batch,
                      steps=a.steps, workers=a.workers, strategies=a.strategies,
                      hardware=a.hardware, run_timeout=a.run_timeout, rounds=a.rounds)
+    after = drift.check(hw) if before else None
     res = S.tables(data, a.strategies, a.workers)
     cl = S.cluster_tables(a.cluster_model, a.cluster_hardware, a.cluster_gpus, a.cluster_seq_len,
                           a.cluster_global_batch, a.strategies)
     elapsed = time.perf_counter() - t0
     meta = {"model": a.model, "seq_len": a.seq_len, "global_batch": a.global_batch,
             "steps": a.steps, "workers": a.workers, "strategies": a.strategies,
-            "rounds": a.rounds, "seconds": elapsed}
+            "rounds": a.rounds, "seconds": elapsed,
+            "machine_vs_profile": {"before": before, "after": after}}
     slim_rows = [{k: v for k, v in r.items() if k != "summary"} |
                  {"summary": {k: r["summary"].get(k) for k in ("measured", "predicted", "ratio",
                                                                "plan_desc", "error", "wall_s")}}
@@ -112,6 +120,9 @@ def run(a: argparse.Namespace) -> int:
     S.write_csv(out / "cluster_speedup.csv", cl["speedup"])
     S.write_csv(out / "cluster_memory.csv", cl["memory"])
     print(S.render(res, cl))
+    line = drift.describe(before, after)
+    if line:
+        print(f"\n{line}")
     if not a.no_plots:
         _plots(S, res, cl, data, out, a)
     print(f"\nptd bench: {len(data['rows'])} rows in {elapsed:.0f} s; wrote {out}/scaling.json, "

@@ -21,6 +21,11 @@ def test_reference_is_the_one_worker_fp32_figures():
     assert drift.reference(_cpu(7e10, 2e10)) == {"matmul_flops": 7e10, "memory_bandwidth": 2e10}
     base = get_hardware_preset("cpu")
     assert drift.reference(base.replace(gemm_flops_measured={}, memory_bandwidth_measured={})) is None
+    # a rate without a bandwidth (or the reverse): nothing to compare one of them with
+    assert drift.reference(base.replace(gemm_flops_measured={"fp32": {1: 7e10}},
+                                        memory_bandwidth_measured={})) is None
+    assert drift.reference(base.replace(gemm_flops_measured={},
+                                        memory_bandwidth_measured={1: 2e10})) is None
     # only bf16 measured: no fp32 rate to compare the fp32 products with
     assert drift.reference(base.replace(gemm_flops_measured={"bf16": {1: 1e11}})) is None
     assert drift.reference(get_hardware_preset("h100-sxm")) is None  # a GPU's figures

@@ -29,3 +29,15 @@ def test_unset_or_empty_ptd_home_is_the_users_dot_ptd(monkeypatch, tmp_path):
         assert hardware_home() == tmp_path / ".ptd" / "hardware"
         assert cache_dir() == tmp_path / ".ptd" / "cache"
         assert not str(hardware_home()).startswith(str(Path.cwd()) + "/hardware")
+
+
+def test_a_ptd_home_that_is_a_file_is_refused_up_front(ptd_cli, monkeypatch, tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("not a folder")
+    monkeypatch.setenv("PTD_HOME", str(f))
+    for argv in (["train", "--steps", "1", "--model", "tiny"], ["calibrate", "--quick"],
+                 ["estimate", "--model", "tiny", "--hardware", "cpu"]):
+        rc, out, err = ptd_cli(*argv)
+        assert rc == 2, (argv, err)
+        assert err.count("\n") == 1 and "PTD_HOME" in err and "is a file" in err, err
+    assert f.read_text() == "not a folder"  # nothing lost

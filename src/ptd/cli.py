@@ -71,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.command:
             parser.print_help()
             return EXIT_USAGE
+        from .errors import check_home
+        check_home()
         from .commands import load
         rc = load(args.command).run(args)
         return int(rc or 0)

@@ -49,6 +49,16 @@ def ptd_home() -> Path:
     return Path(os.environ.get("PTD_HOME") or Path.home() / ".ptd")
 
 
+def check_home() -> None:
+    """A one-line error (exit 2, before any work) where ``$PTD_HOME`` names a file: profiles,
+    the text cache and logs could not be written under it, and the command would fail
+    late (after a first-run calibration) on a bare ``Not a directory``."""
+    home = ptd_home()
+    if home.exists() and not home.is_dir():
+        raise PtdError(f"PTD_HOME {str(home)!r} is a file, not a folder (ptd keeps its "
+                       "profiles, text cache and logs there); name a folder or unset it")
+
+
 def crash_log(exc: BaseException) -> Path | None:
     """Write ``exc``'s traceback to ``$PTD_HOME/logs/crash-<time>-<pid>.log`` (else the
     temporary folder) and return the path; None if neither can be written."""

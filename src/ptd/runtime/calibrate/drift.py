@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .profile import memory_bandwidth
+
 SIDE = 512
 """Side of the square products timed: large enough for the fit's rate, one call ~8 ms."""
 MEM_BYTES = 64 * 2**20
@@ -53,13 +55,7 @@ def measure_now(window_s: float = 0.1, repeats: int = 3) -> dict[str, float]:
     finally:
         torch.set_num_threads(threads)
     return {"matmul_flops": 3 * 2.0 * SIDE**3 / t,
-            "memory_bandwidth": bandwidth(mem["copy"], mem["add"], MEM_BYTES // 4 * 4)}
-
-
-def bandwidth(copy_s: float, add_s: float, nbytes: int) -> float:
-    """Bytes per second as ``ptd calibrate`` reports them (``profile.summarize``): the mean
-    of a copy's (it moves 2 buffers of ``nbytes``) and an add's (3)."""
-    return (2 * nbytes / copy_s + 3 * nbytes / add_s) / 2
+            "memory_bandwidth": memory_bandwidth(mem, MEM_BYTES // 4 * 4)}
 
 
 def ratios(now: dict[str, float], ref: dict[str, float]) -> dict[str, float]:

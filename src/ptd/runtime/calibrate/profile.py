@@ -33,6 +33,18 @@ from ...specs.hardware import HardwareSpec
 from .fit import LinearFit, fit_linear, mean, median
 
 
+MEMORY_PASSES = {"copy": 2, "add": 3}
+"""Buffers each timed memory pass moves (a copy reads one and writes one; an add reads two,
+writes one): a pass's bandwidth is that many buffers over its seconds, and the profile's
+memory bandwidth is the passes' mean (``ptd bench``'s drift probe reads it the same way)."""
+
+
+def memory_bandwidth(seconds: dict[str, float], nbytes: int) -> float:
+    """The mean over :data:`MEMORY_PASSES` of each pass's bytes per second (``seconds``:
+    each pass's time on buffers of ``nbytes``)."""
+    return mean([b * nbytes / seconds[k] for k, b in MEMORY_PASSES.items()])
+
+
 BLOCKING_SIDE = 256
 """The blocking-wait loop's matmuls are this many squared, fp32 (``bench.blocking_curve``
 times them, :func:`_blocking_curves` prices them at the measured rate)."""
@@ -88,8 +100,8 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
                 att[shape] = {"flops_per_s": r, "ratio": r / rate}
             attention.setdefault(dt, {})[n] = att
         nbytes = plan["mem_bytes"] // 4 * 4
-        bw = {"copy": mean([2 * nbytes / p["memory"]["copy"] for p in per]),
-              "add": mean([3 * nbytes / p["memory"]["add"] for p in per])}
+        bw = {k: mean([b * nbytes / p["memory"][k] for p in per])
+              for k, b in MEMORY_PASSES.items()}
         memory[n] = dict(bw, value=mean(list(bw.values())))
         if "activation" in per[0]["memory"]:  # (results of an older ptd have none)
             memory[n]["activation"] = mean([5 * nbytes / p["memory"]["activation"] for p in per])

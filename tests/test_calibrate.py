@@ -5,6 +5,7 @@ that measured values are positive and finite, orderings that must hold, and that
 model reads the profile.
 """
 
+import copy
 import dataclasses
 import json
 import math
@@ -343,6 +344,30 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
     meta = out["meta"]
     assert meta["workers"] == [1, 2] and meta["quick"] is True
     assert meta["seconds"] > 0  # (how long: benchmarks, not an assertion in seconds)
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(180)
+def test_a_full_calibration_reads_memory_from_one_process_too(calibrated, ptd_cli, monkeypatch,
+                                                               tmp_path):
+    import ptd.runtime.calibrate as C
+    from ptd.runtime.calibrate import drift
+    _, out, _ = calibrated
+    assert "memory_one_process" not in out["meta"]  # the quick (first-run) one skips it
+    kept = out["summary"]["memory"]["1"]["value"]
+    result = {k: out[k] for k in ("hardware", "meta", "summary")} | {"plan": {}}
+    for c in result["summary"]["collectives"]:  # sizes are numbers before JSON has them
+        c["times"] = {int(b): t for b, t in c["times"].items()}
+    monkeypatch.setattr(C, "calibrate", lambda *a, **k: copy.deepcopy(result))
+    monkeypatch.setattr(drift, "measure_now", lambda: {"matmul_flops": 1e11,
+                                                       "memory_bandwidth": 0.5 * kept})
+    monkeypatch.setenv("PTD_HOME", str(tmp_path))
+    rc, text, err = ptd_cli("calibrate", "--workers", "1,2", "--name", "full")
+    assert rc == 0, err
+    # half the one-worker figure the profile keeps, by construction
+    assert "memory from this one process right after:" in text and "(0.50x the one-worker" in text
+    raw = json.loads((tmp_path / "hardware" / "full.json").read_text())
+    assert raw["meta"]["memory_one_process"] == 0.5 * kept
 
 
 @pytest.mark.dist

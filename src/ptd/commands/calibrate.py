@@ -148,6 +148,12 @@ def run(a: argparse.Namespace) -> int:
     with _Progress(len(labels)) as tick:
         result = calibrate(workers, dtypes, a.quick, base, a.name, info, tick, model_shapes=shapes,
                            model_attention=att, op_spec=ops, moe_spec=moe)
+    if info["device"] == "cpu" and not a.quick:
+        # the same copy and add from this one process, right after: on a virtual machine
+        # where a buffer lands moves the figure (docs/calibration.md), and the pool's
+        # processes and a training worker do not always land alike
+        from ..runtime.calibrate import drift
+        result["meta"]["memory_one_process"] = drift.measure_now()["memory_bandwidth"]
     from ..runtime.calibrate import write_profile
     write_profile(result, out)
     if a.out is None and a.name == "calibrated" and info["device"] == "cpu":
@@ -221,6 +227,13 @@ def render(result: dict, path: Path) -> str:
               "ptd's model forward and backward at 8 tokens, per operator)",
               table(rows, header=("N", "copy", "add", "kept", "SiLU fwd+bwd", "op add",
                                   "op view", "op add+grad", "op in model", "kept"))]
+    one = meta.get("memory_one_process")
+    if one and s["memory"]:
+        kept = s["memory"][min(s["memory"], key=int)]["value"]
+        lines += [f"memory from this one process right after: {si(one, 'B/s')} "
+                  f"({one / kept:.2f}x the one-worker figure kept)",
+                  "  (more than ~10% apart: buffers land unlike on this machine; "
+                  "docs/calibration.md)"]
     rows = [(dt, n, shape, si(a["flops_per_s"], "FLOP/s"), f"{a['ratio']:.2f}")
             for dt, per_n in s["attention"].items() for n, att in per_n.items()
             for shape, a in att.items()]

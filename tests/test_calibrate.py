@@ -333,6 +333,11 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
     assert len(pts) == 3 and pts[0][0] < 0.1 * pts[1][0] and pts[1][0] < pts[2][0]
     assert all(0 <= w and math.isfinite(w) for _, w in pts)  # (no absolute bound in seconds)
     assert "blocking_collective" not in hw.overheads_measured
+    # tp's all-reduce through DTensor, beyond the plain call, 2 workers at once: one point
+    # per quick size (64 KiB, 1 MiB), finite seconds not below 0
+    assert set(hw.dtensor_reduce_measured) == {2}
+    assert [b for b, _ in hw.dtensor_reduce_measured[2]] == [65536.0, 1048576.0]
+    assert all(0 <= e < 1 for _, e in hw.dtensor_reduce_measured[2])
     # --model tiny --tokens 64: tiny is hidden 64, 8 heads of 8 with 4 kv heads (kv width 32),
     # SwiGLU 128, vocabulary 256, so its products (m x n x k) at 64 rows are wq and wo
     # 64x64x64, wk and wv 64x32x64, w1 and w3 64x128x64, w2 64x64x128, the output 64x256x64;
@@ -468,6 +473,27 @@ def test_blocking_waits_are_what_chunk_and_collective_cost_beyond_their_price():
     old = _blocking_curves(results, fits, 2**20)[2]
     assert [v for p in old for v in p[:2]] == pytest.approx(
         [2e-6, 1.7e-3 - ar, 6e-3, 5e-3 - ar, 70e-3, 2e-3 - ar], rel=1e-6)
+
+
+def test_dtensor_reductions_become_the_profiles_points():
+    """Each rank's [plain, DTensor, one-rank, extra] medians by size become, per workers at
+    once, the ranks' mean extra (never below 0) -- the profile keeps (bytes, extra)."""
+    plan, results = _synthetic()
+    results[0]["collectives"]["dtensor_reduce"] = {
+        "2": {"65536": [1e-3, 2e-3, 3e-4, 6e-4], "1048576": [3e-3, 3.5e-3, 3e-4, -1e-4]}}
+    results[1]["collectives"]["dtensor_reduce"] = {
+        "2": {"65536": [1e-3, 2e-3, 3e-4, 8e-4], "1048576": [3e-3, 4e-3, 3e-4, 9e-4]}}
+    s = summarize(plan, results)
+    got = s["dtensor_reduce"][2]
+    assert got[0] == pytest.approx([65536.0, 7e-4, 1e-3, 2e-3, 3e-4])
+    assert got[1] == pytest.approx([1048576.0, 4e-4, 3e-3, 3.75e-3, 3e-4])
+    assert len(got) == 2
+    results[1]["collectives"]["dtensor_reduce"]["2"]["1048576"][3] = -5e-4
+    s = summarize(plan, results)
+    assert s["dtensor_reduce"][2][1][1] == 0.0  # mean -3e-4: clamped
+    table = profile_table(s, get_hardware_preset("cpu"), "synth", "cpu", 8 * 2**30, "test")
+    assert table["dtensor_reduce_measured"] == {"2": [[65536.0, pytest.approx(7e-4)],
+                                                      [1048576.0, 0.0]]}
 
 
 def test_a_moe_layers_timings_become_the_profiles_table():

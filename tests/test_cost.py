@@ -363,6 +363,32 @@ def test_blocking_wait_is_paid_once_per_tensor_parallel_collective():
         step_time(model, dp, ClusterSpec(cpu, 2)).total
 
 
+def test_dtensor_reduce_is_paid_once_per_tensor_parallel_collective():
+    """A calibrated DTensor reduction cost adds exactly (tp collectives) x its value to
+    tp_comm -- the same 2 + 5 per block, embedding, 3 loss and output-gradient count as the
+    blocking wait -- and, with sequence parallelism, twice per block collective (a reduce-
+    scatter and an all-gather in its place: 2 forward, 2 backward per block) and for the
+    output layer's gather. Compute does not move; without tp nothing is added."""
+    from ptd.cost.step import step_time
+    model = get_preset("tiny")
+    cpu = load_hardware("cpu").replace(blocking_wait_measured={})
+    flat = cpu.replace(dtensor_reduce_measured={2: ((1e6, 1e-3),)})
+    plan = ParallelPlan(dp=1, tp=2, micro_batch=2, global_batch=4, seq_len=64, dtype="fp32")
+    base, got = (step_time(model, plan, ClusterSpec(hw, 2)) for hw in (cpu, flat))
+    per_mb = model.n_layers * (2 + 5) + 1 + 3 + 1
+    assert got.tp_comm - base.tp_comm == pytest.approx(plan.n_microbatches * per_mb * 1e-3)
+    assert got.compute == base.compute
+    sp = plan.replace(sp=True)
+    base, got = (step_time(model, sp, ClusterSpec(hw, 2)) for hw in (cpu, flat))
+    # per block 2 forward + 2 backward collectives, each 2 calls; the embedding's and the
+    # output layer's gradient (2 calls each), the output's gather (2) and 3 loss all-reduces
+    per_mb_sp = model.n_layers * 4 * 2 + 2 + 2 + 2 + 3
+    assert got.tp_comm - base.tp_comm == pytest.approx(plan.n_microbatches * per_mb_sp * 1e-3)
+    dp = ParallelPlan(dp=2, micro_batch=2, global_batch=4, seq_len=64, dtype="fp32")
+    assert step_time(model, dp, ClusterSpec(flat, 2)).total == \
+        step_time(model, dp, ClusterSpec(cpu, 2)).total
+
+
 def test_blocking_wait_is_paid_per_pipeline_receive_as_bubble():
     """On a pipeline each receive follows a chunk of computation: per micro-batch and chunk
     a rank receives an activation and a gradient, less the direction its first or last

@@ -153,6 +153,39 @@ def test_blocking_wait_curve_lookup_and_toml(tmp_path):
         base.replace(blocking_wait_measured={2: ((0.0, -1e-3),)})
 
 
+def test_dtensor_reduce_lookup_and_toml(tmp_path):
+    """``dtensor_reduce_measured``: the least-squares line through the points, never below
+    0, the worker count picked as the blocking curve's; 0 where absent (presets, GPUs)."""
+    base = load_hardware("cpu")
+    assert base.dtensor_reduce_at(2**21, 2) == 0.0
+    assert load_hardware("h100-sxm").dtensor_reduce_at(2**21, 8) == 0.0
+    # (1e6, 1 ms), (2e6, 2.5 ms), (3e6, 3 ms): mean (2e6, 2.1667 ms); slope
+    # ((-1e6)(-1.1667e-3) + 0 + (1e6)(0.8333e-3)) / 2e12 = 1e-9 s per byte
+    hw = base.replace(dtensor_reduce_measured={2: ((1e6, 1e-3), (2e6, 2.5e-3), (3e6, 3e-3)),
+                                               4: ((1e6, 5e-3),)})
+    assert hw.dtensor_reduce_at(2e6, 2) == pytest.approx(2.5e-3 / 3 + 1e-3 / 3 + 1e-3)
+    assert hw.dtensor_reduce_at(4e6, 2) == pytest.approx(6.5e-3 / 3 + 2e-3)
+    assert hw.dtensor_reduce_at(0.0, 2) == pytest.approx(6.5e-3 / 3 - 2e-3)  # 0.1667 ms
+    assert hw.dtensor_reduce_at(1e9, 4) == 5e-3  # one point: flat
+    assert hw.dtensor_reduce_at(1e6, 3) == 5e-3  # 3 -> the 4-worker points
+    assert ClusterSpec(hw, 4).dtensor_reduce(1e6) == 5e-3
+    falling = base.replace(dtensor_reduce_measured={2: ((1e6, 2e-3), (2e6, 1e-3))})
+    assert falling.dtensor_reduce_at(1e7, 2) == 0.0  # the line goes below 0: nothing
+    p = tmp_path / "box.toml"
+    p.write_text('[hardware]\npreset = "cpu"\n[hardware.dtensor_reduce_measured]\n'
+                 '2 = [[65536, 0.0005], [1048576, 0.001]]\n')
+    assert load_hardware(str(p)).dtensor_reduce_measured == {
+        2: ((65536.0, 5e-4), (1048576.0, 1e-3))}
+    assert hw.to_dict()["dtensor_reduce_measured"]["4"] == [[1e6, 5e-3]]
+    p.write_text('[hardware]\npreset = "cpu"\n[hardware.dtensor_reduce_measured]\n2 = 0.001\n')
+    with pytest.raises(PtdError, match="dtensor_reduce_measured"):
+        load_hardware(str(p))
+    with pytest.raises(PtdError, match="dtensor_reduce_measured"):
+        base.replace(dtensor_reduce_measured={2: ((1e6, -1e-3),)})
+    with pytest.raises(PtdError, match="dtensor_reduce_measured"):
+        base.replace(dtensor_reduce_measured={2: ()})
+
+
 def test_cluster_nodes():
     c = ClusterSpec(load_hardware("h100-sxm"), 64)
     assert c.n_nodes == 8 and c.devices_per_node == 8

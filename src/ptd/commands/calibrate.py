@@ -256,6 +256,12 @@ def render(result: dict, path: Path) -> str:
                   "pattern), N at once: wait = chunk + all-reduce as timed - the chunk at the "
                   "N-worker matmul rate - the all-reduce fit",
                   table(rows, header=("N", "chunk", "priced", "all-reduce", "wait"))]
+    if s.get("dtensor_reduce"):
+        rows = [(n, si(p[0], "B"), duration(p[2]), duration(p[3]), duration(p[4]), duration(p[1]))
+                for n, pts in s["dtensor_reduce"].items() for p in pts]
+        lines += ["", "tensor parallelism's all-reduce through DTensor (Partial -> Replicate) in "
+                  "pairs, N at once: extra = DTensor - plain - one-rank mesh (medians)",
+                  table(rows, header=("N", "bytes", "plain", "DTensor", "one rank", "extra"))]
     if s.get("moe_layer"):
         rows = [(key, n, int(t), duration(f), duration(b))
                 for key, per in s["moe_layer"].items() for n, pts in per.items()

@@ -295,7 +295,14 @@ def _tp_collectives(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, 
     hw = cluster.hardware
     tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")
     act = DTYPE_BYTES[plan.dtype] * tokens * model.hidden
-    ar = _coll("all_reduce", act, tp_n, hw, tp_nodes, tp_per)
+    # ptd's tp layers issue each collective through DTensor: its redistribution and the
+    # functional collective's out-of-place copy add to the call (calibrated on CPUs,
+    # ``dtensor_reduce_measured``; 0 elsewhere). With sequence parallelism an all-reduce's
+    # place is taken by a reduce-scatter and an all-gather, each charged as a reduction
+    # writing what it writes (act / tp, act).
+    dt = cluster.dtensor_reduce if tp_n > 1 else (lambda _: 0.0)
+    ar = _coll("all_reduce", act, tp_n, hw, tp_nodes, tp_per) \
+        + (dt(act / tp_n) + dt(act) if plan.sp else dt(act))
     if tp_grad_per_linear and not plan.sp:
         col = 3 + (2 if model.mlp == "swiglu" else 1)  # wq, wk, wv; w1 (and w3)
     else:
@@ -304,7 +311,7 @@ def _tp_collectives(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, 
     # vocabulary-parallel embedding output (first rank); on the last rank the sequence-
     # parallel gather before the output layer, loss_parallel's cross-entropy (max, sum of
     # exponentials, target logit: fp32 per token) and the output layer's input gradient
-    loss_ar = _coll("all_reduce", 4 * tokens, tp_n, hw, tp_nodes, tp_per)
+    loss_ar = _coll("all_reduce", 4 * tokens, tp_n, hw, tp_nodes, tp_per) + dt(4 * tokens)
     n_out_f = (1 if plan.sp else 0) + 3
     tp_out_f = (ar if plan.sp else 0.0) + 3 * loss_ar
     return ar, n_block_f, n_block_b, n_out_f, tp_out_f

@@ -176,6 +176,16 @@ class HardwareSpec:
     sleep and must be woken, and where workers outnumber cores a peer descheduled during
     its chunk arrives late. Both grow with the chunk. Read by linear interpolation, flat
     past the measured chunks; absent: no wait (GPUs, presets)."""
+    dtensor_reduce_measured: dict[int, tuple[tuple[float, float], ...]] = field(
+        default_factory=dict)
+    """From ``ptd calibrate`` (CPU): what one tensor-parallel all-reduce costs beyond the
+    ``collectives`` fit because ptd's tp layers issue it through DTensor (a ``Partial``
+    tensor redistributed to ``Replicate``: DTensor's redistribution and the functional
+    collective's out-of-place copy, on the calling thread) -- beyond, too, what the same
+    call costs on the one-rank mesh that ``overheads_measured["dtensor_op"]`` is timed on.
+    By workers at once, points ``(bytes, seconds)``, measured in pairs. Read along the
+    least-squares line through them (a fixed part and the copy, which grows with the
+    bytes); absent: nothing (GPUs, presets)."""
     moe_layer_measured: dict[str, dict[int, tuple[tuple[float, float, float], ...]]] = field(
         default_factory=dict)
     """From ``ptd calibrate --model M`` (CPU; M a mixture-of-experts model): M's MoE layer --
@@ -272,6 +282,20 @@ class HardwareSpec:
         # past the largest measured count, a wait for a descheduled peer grows as workers
         return wait * workers_per_node / pick if workers_per_node > pick else wait
 
+    def dtensor_reduce_at(self, nbytes: float, workers_per_node: int = 1) -> float:
+        """Seconds a tensor-parallel all-reduce of ``nbytes`` adds through DTensor while
+        ``workers_per_node`` run (``dtensor_reduce_measured``; 0 where absent): the least-
+        squares line through the points (each a median of noisy differences), not below 0."""
+        if not self.dtensor_reduce_measured:
+            return 0.0
+        pts = self.dtensor_reduce_measured[
+            _pick_workers(self.dtensor_reduce_measured, workers_per_node)]
+        n = len(pts)
+        mb, me = sum(b for b, _ in pts) / n, sum(e for _, e in pts) / n
+        var = sum((b - mb) ** 2 for b, _ in pts)
+        slope = sum((b - mb) * (e - me) for b, e in pts) / var if var > 0 else 0.0
+        return max(0.0, me + slope * (nbytes - mb))
+
     def moe_layer_at(self, key: str, tokens: float, workers_per_node: int = 1
                      ) -> tuple[float, float] | None:
         """(forward, backward) seconds of the MoE layer ``key`` on ``tokens`` tokens while
@@ -312,6 +336,8 @@ class HardwareSpec:
             d[k] = {str(n): v for n, v in getattr(self, k).items()}
         d["blocking_wait_measured"] = {str(n): [list(p) for p in pts]
                                        for n, pts in self.blocking_wait_measured.items()}
+        d["dtensor_reduce_measured"] = {str(n): [list(p) for p in pts]
+                                        for n, pts in self.dtensor_reduce_measured.items()}
         d["moe_layer_measured"] = {k: {str(n): [list(p) for p in pts] for n, pts in t.items()}
                                    for k, t in self.moe_layer_measured.items()}
         return d
@@ -388,6 +414,11 @@ class ClusterSpec:
         """The measured MoE layer ``key`` on ``tokens`` tokens with the node's workers
         running (``HardwareSpec.moe_layer_at``), or None."""
         return self.hardware.moe_layer_at(key, tokens, self.workers_per_node)
+
+    def dtensor_reduce(self, nbytes: float) -> float:
+        """What a tensor-parallel all-reduce of ``nbytes`` adds through DTensor, with the
+        node's workers running (0 where not calibrated)."""
+        return self.hardware.dtensor_reduce_at(nbytes, self.workers_per_node)
 
     def blocking_wait(self, chunk: float) -> float:
         """The wait a blocking collective adds after ``chunk`` seconds of computation, with
@@ -602,6 +633,14 @@ def hardware_from_dict(d: dict[str, Any], name: str = "custom") -> HardwareSpec:
         except (TypeError, ValueError, AttributeError):
             raise PtdError(f"{name}: blocking_wait_measured wants workers = [[chunk, wait], "
                            "...] (seconds)") from None
+    if "dtensor_reduce_measured" in d:
+        try:
+            d["dtensor_reduce_measured"] = {
+                int(n): tuple((float(b), float(e)) for b, e in pts)
+                for n, pts in d["dtensor_reduce_measured"].items()}
+        except (TypeError, ValueError, AttributeError):
+            raise PtdError(f"{name}: dtensor_reduce_measured wants workers = [[bytes, "
+                           "seconds], ...]") from None
     if "moe_layer_measured" in d:
         try:
             d["moe_layer_measured"] = {

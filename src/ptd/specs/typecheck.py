@@ -185,6 +185,13 @@ def check_hardware(hw: Any) -> None:
         for c, wt in pts:
             _nonneg(w, f"blocking_wait_measured[{n}] chunk", c)
             _nonneg(w, f"blocking_wait_measured[{n}] wait", wt)
+    for n, pts in hw.dtensor_reduce_measured.items():
+        if not isinstance(n, int) or n < 1 or not pts:
+            raise PtdError(f"{w}dtensor_reduce_measured wants workers (1, 2, ...) = "
+                           "[[bytes, seconds], ...]")
+        for b, e in pts:
+            positive(w, f"dtensor_reduce_measured[{n}] bytes", b)
+            _nonneg(w, f"dtensor_reduce_measured[{n}] seconds", e)
     for key, per in hw.moe_layer_measured.items():
         for n, pts in per.items():
             if not isinstance(n, int) or n < 1 or not pts:

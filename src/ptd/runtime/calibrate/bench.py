@@ -626,6 +626,63 @@ def blocking_curve(rank: int, n_active: int, pg: Any, barrier: Any, timeout: flo
             for k, v in out.items()}
 
 
+def dtensor_reduce_curve(rank: int, n_active: int, pg: Any, one_pg: Any, barrier: Any,
+                         timeout: float, sizes: list[int], pairs: int) -> dict[str, list[float]] | None:
+    """What tensor parallelism's all-reduce costs beyond the plain call the collective fits
+    time: ptd's tp layers reduce a ``Partial`` DTensor to ``Replicate`` (RowwiseParallel's
+    output, ColwiseParallel's input gradient), which goes through DTensor's redistribution
+    and the functional collective -- Python on the calling thread and an out-of-place copy
+    of the buffer -- before gloo's all-reduce. Measured with ``n_active`` workers of the
+    node running (ranks ``0..n_active-1``, in pairs): for each size, ``pairs`` rounds of
+    one plain ``dist.all_reduce`` then one DTensor reduction of the same buffer, each
+    behind a barrier of the pair, and the same DTensor reduction on a one-rank mesh (no
+    peer: the part the one-rank ``dtensor_op`` calibration already prices, since its
+    model's reductions take this path too). Returns ``str(bytes) -> [plain s, DTensor s,
+    one-rank s, extra s]`` with extra = median over rounds of (DTensor - plain) less the
+    one-rank median, None on ranks outside the active pairs. Fixed call counts: both peers
+    must call equally often. (2026-11-28, 2 cores, pairs: 0.4-0.65 ms more at 64 KiB,
+    0.8-1.0 at 2 MiB, 1.5-1.75 at 8 MiB; 0.25-0.32 on one rank.)"""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+    active = rank < n_active
+    out: dict[str, list[float]] = {}
+    for nbytes in sizes:
+        barrier.wait(timeout)
+        if not active:
+            continue
+        mesh = DeviceMesh.from_group(pg or dist.group.WORLD, "cpu")
+        one = DeviceMesh.from_group(one_pg, "cpu")
+        x = torch.zeros(max(1, nbytes // 4))
+
+        def reduce(m: Any) -> torch.Tensor:
+            d = DTensor.from_local(x, m, [Partial()], run_check=False)
+            return d.redistribute(m, [Replicate()]).to_local()
+        for _ in range(3):
+            dist.all_reduce(x, group=pg)
+            reduce(mesh)
+            reduce(one)
+        plain, dt, diff, alone = [], [], [], []
+        for _ in range(pairs):
+            dist.barrier(group=pg)
+            t0 = time.perf_counter()
+            dist.all_reduce(x, group=pg)
+            t1 = time.perf_counter()
+            dist.barrier(group=pg)
+            t2 = time.perf_counter()
+            reduce(mesh)
+            t3 = time.perf_counter()
+            reduce(one)
+            t4 = time.perf_counter()
+            plain.append(t1 - t0)
+            dt.append(t3 - t2)
+            diff.append((t3 - t2) - (t1 - t0))
+            alone.append(t4 - t3)
+        one_rank = statistics.median(alone)
+        out[str(nbytes)] = [statistics.median(plain), statistics.median(dt), one_rank,
+                            statistics.median(diff) - one_rank]
+    return out if active else None
+
+
 def collective_suite(rank: int, nproc: int, plan: dict, device: torch.device, barrier: Any,
                      timeout: float, tick: Callable[[str], None]) -> tuple[dict, dict]:
     """Seconds per collective by (kind, group size, bytes) on this rank, and the kinds that
@@ -675,4 +732,12 @@ def collective_suite(rank: int, nproc: int, plan: dict, device: torch.device, ba
                 if w is not None:
                     times.setdefault("blocking", {})[str(n_active)] = w
             tick("blocking collectives")
+            # tensor parallelism's all-reduce through DTensor, beyond the plain call
+            one_pg, _ = dist.new_subgroups_by_enumeration([[r] for r in range(nproc)])
+            for n_active in sorted({2, nproc}):
+                d = dtensor_reduce_curve(rank, n_active, pg, one_pg, barrier, timeout,
+                                         plan["dtensor_reduce_sizes"], plan["dtensor_reduce_pairs"])
+                if d is not None:
+                    times.setdefault("dtensor_reduce", {})[str(n_active)] = d
+            tick("DTensor all-reduce")
     return times, missing

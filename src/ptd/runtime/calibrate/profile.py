@@ -21,6 +21,9 @@
   :mod:`ptd.cost.comm`, so the fit means what the cost model reads.
 * blocking collectives (CPU): per workers at once, ``(chunk, wait)`` points -- the mean
   time of an all-reduce after a chunk of matmuls less what the all-reduce fit charges for it.
+* DTensor all-reduce (CPU): per workers at once, ``(bytes, extra)`` points -- what reducing
+  a ``Partial`` DTensor costs beyond the plain all-reduce and beyond the same call on a
+  one-rank mesh, the mean over the active ranks.
 """
 
 from __future__ import annotations
@@ -130,6 +133,7 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
                             "times": {int(s): t for s, t in zip(sizes, ts)}})
     blocking = _blocking_curves(results, collectives, plan.get("blocking_bytes", 0),
                                 gemm.get("fp32", {}), plan.get("blocking_side", BLOCKING_SIDE))
+    dtensor_reduce = _dtensor_reduce_points(results)
     missing: dict[str, str] = {}
     for r in results:
         missing.update(r.get("missing", {}))
@@ -168,7 +172,7 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
             "attention": attention, "attention_shapes": attention_shapes,
             "attention_ratio": median(ratios) if ratios else None,
             "attention_dtype": primary, "collectives": collectives, "blocking": blocking,
-            "missing": missing}
+            "dtensor_reduce": dtensor_reduce, "missing": missing}
 
 
 def _blocking_curves(results: list[dict], fits: list[dict], nbytes: int,
@@ -208,6 +212,21 @@ def _blocking_curves(results: list[dict], fits: list[dict], nbytes: int,
     return curves
 
 
+def _dtensor_reduce_points(results: list[dict]) -> dict[int, list[list[float]]]:
+    """Workers at once -> ``[bytes, extra s, plain s, DTensor s, one-rank s]`` by size: the
+    mean over the active ranks of ``bench.dtensor_reduce_curve``'s medians; the extra is
+    not negative (a reduction through DTensor does everything the plain call does)."""
+    per_n = [r["collectives"]["dtensor_reduce"] for r in results
+             if "dtensor_reduce" in r.get("collectives", {})]
+    out: dict[int, list[list[float]]] = {}
+    for n in sorted({n for d in per_n for n in d}, key=int):
+        ranks = [d[n] for d in per_n if n in d]
+        out[int(n)] = [[float(b), max(0.0, mean([r[b][3] for r in ranks])),
+                        *(mean([r[b][i] for r in ranks]) for i in range(3))]
+                       for b in sorted(ranks[0], key=int)]
+    return out
+
+
 def profile_table(summary: dict, base: HardwareSpec, name: str, device: str,
                   memory_bytes: float | None, note: str) -> dict[str, Any]:
     """The ``[hardware]`` table: ``preset = base`` plus what was measured."""
@@ -239,6 +258,9 @@ def profile_table(summary: dict, base: HardwareSpec, name: str, device: str,
     if summary.get("blocking"):
         hw["blocking_wait_measured"] = {str(n): [[p[0], p[1]] for p in pts]
                                         for n, pts in summary["blocking"].items()}
+    if summary.get("dtensor_reduce"):
+        hw["dtensor_reduce_measured"] = {str(n): [[p[0], p[1]] for p in pts]
+                                         for n, pts in summary["dtensor_reduce"].items()}
     if summary.get("framework"):
         hw["overheads_measured"] = {k: {str(n): max(v, 1e-9) for n, v in t.items()}
                                     for k, t in summary["framework"].items()}

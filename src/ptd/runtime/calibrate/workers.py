@@ -85,6 +85,11 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
                 pause_s=0.15 if cuda else 0.0, warmup_s=0.2 if quick else 1.0,
                 gemm_shapes=gemm_sweep(cuda, quick, model_shapes),
                 blocking_bytes=MiB, blocking_side=BLOCKING_SIDE,
+                # tp's all-reduce through DTensor (CPU): the default model's activations are
+                # 0.5-2 MiB (bench.dtensor_reduce_curve)
+                dtensor_reduce_sizes=([64 * KiB, MiB] if quick
+                                      else [16 * KiB, 256 * KiB, MiB, 2 * MiB, 4 * MiB]),
+                dtensor_reduce_pairs=20 if quick else 60,
                 gemm_sizes=gemm, attn_shapes=attn,
                 attn_model_shapes=_with_small_heads(list(model_attention or []), cuda),
                 op_model=None if cuda else (op_spec or op_model()),
@@ -142,7 +147,7 @@ def stage_labels(plan: dict) -> list[str]:
     for g in plan["group_sizes"]:
         out += [f"{k} g={g}" for k in plan["kinds"] if k != "send_recv" or g == 2]
         if g == 2 and plan["device"] == "cpu":
-            out.append("blocking collectives")
+            out += ["blocking collectives", "DTensor all-reduce"]
     return out
 
 

@@ -475,6 +475,30 @@ def test_blocking_waits_are_what_chunk_and_collective_cost_beyond_their_price():
         [2e-6, 1.7e-3 - ar, 6e-3, 5e-3 - ar, 70e-3, 2e-3 - ar], rel=1e-6)
 
 
+def test_a_groups_blocking_waits_are_priced_against_that_groups_fit():
+    # 4 workers, one group of 4: the 4-worker matmul rate is 60e9 / 4 = 15 GFLOP/s, so a
+    # 256 x 256 matmul costs 3 us + 2 * 256^3 / 15e9 = 2.2400 ms; the group's all-reduce fit
+    # (synthetic: alpha 2e-4, 1.5 * M / 1e9 at bus factor 2 (4 - 1) / 4 = 1.5) charges
+    # 2e-4 + 1.5 * 2^20 / 1e9 = 1.772864 ms for the 2^20 bytes.
+    plan, results = _synthetic((1, 2, 4))
+    plan["blocking_bytes"] = 2**20
+    for r in results:
+        r["collectives"]["all_reduce:4"] = {str(m): 2e-4 + 1.5 * m / 1e9
+                                            for m in (1024, 2**20, 2**24)}
+        r["collectives"]["blocking_group"] = {"4": {"0": [1e-6, 3e-3], "8": [15e-3, 9e-3]}}
+    mm, ar4 = 3e-6 + 2 * 256**3 / 15e9, 2e-4 + 1.5 * 2**20 / 1e9
+    s = summarize(plan, results)
+    pts = s["blocking_group"][4]
+    assert [p[0] for p in pts] == pytest.approx([0.0, 8 * mm], rel=1e-9)
+    assert [p[1] for p in pts] == pytest.approx([1e-6 + 3e-3 - ar4, 24e-3 - ar4 - 8 * mm],
+                                                rel=1e-6)
+    assert s["blocking"] == {}  # no pairs' loop in these results
+    table = profile_table(s, get_hardware_preset("cpu"), "synth", "cpu", 8 * 2**30, "test")
+    assert list(table["blocking_wait_group_measured"]) == ["4"]
+    assert table["blocking_wait_group_measured"]["4"][1][1] == pytest.approx(
+        24e-3 - ar4 - 8 * mm, rel=1e-6)
+
+
 def test_dtensor_reductions_become_the_profiles_points():
     """Each rank's [plain, DTensor, one-rank, extra] medians by size become, per workers at
     once, the ranks' mean extra (never below 0) -- the profile keeps (bytes, extra)."""

@@ -389,6 +389,29 @@ def test_dtensor_reduce_is_paid_once_per_tensor_parallel_collective():
         step_time(model, dp, ClusterSpec(cpu, 2)).total
 
 
+def test_a_larger_groups_collectives_pay_that_groups_wait():
+    """tp 4 pays the group-of-4 curve on each of its collectives (same count as pairs);
+    tp 2 beside dp 2 on the same 4 workers does not; ZeRO-3's late-peer waits over dp 4
+    read it too -- a flat group curve 5x the pairs' flat curve adds 5x as much."""
+    from ptd.cost.step import step_time
+    model = get_preset("tiny")
+    cpu = load_hardware("cpu").replace(blocking_wait_measured={})
+    group = cpu.replace(blocking_wait_group_measured={4: ((0.0, 5e-3),)})
+    pairs = cpu.replace(blocking_wait_measured={4: ((0.0, 1e-3),)})
+    tp4 = ParallelPlan(tp=4, micro_batch=2, global_batch=4, seq_len=64, dtype="fp32")
+    base, got = (step_time(model, tp4, ClusterSpec(hw, 4)) for hw in (cpu, group))
+    per_mb = model.n_layers * (2 + 5) + 1 + 3 + 1
+    assert got.tp_comm - base.tp_comm == pytest.approx(tp4.n_microbatches * per_mb * 5e-3)
+    tp2 = tp4.replace(tp=2, dp=2, global_batch=8)
+    assert step_time(model, tp2, ClusterSpec(group, 4)).total == \
+        step_time(model, tp2, ClusterSpec(cpu, 4)).total
+    z3 = ParallelPlan(dp=4, zero=3, micro_batch=2, global_batch=16, seq_len=64, dtype="fp32")
+    b0, b_pairs, b_group = (step_time(model, z3, ClusterSpec(hw, 4)).total
+                            for hw in (cpu, pairs, group))
+    assert b_pairs > b0
+    assert b_group - b0 == pytest.approx(5 * (b_pairs - b0))
+
+
 def test_blocking_wait_is_paid_per_pipeline_receive_as_bubble():
     """On a pipeline each receive follows a chunk of computation: per micro-batch and chunk
     a rank receives an activation and a gradient, less the direction its first or last

@@ -153,6 +153,36 @@ def test_blocking_wait_curve_lookup_and_toml(tmp_path):
         base.replace(blocking_wait_measured={2: ((0.0, -1e-3),)})
 
 
+def test_blocking_wait_of_a_larger_group_reads_its_own_curve(tmp_path):
+    """``blocking_wait_group_measured``: a collective of a group of at least a measured
+    size reads that size's curve (the largest not above it), grown as workers past it;
+    pairs and groups smaller than any measured read the pairs' curve."""
+    base = load_hardware("cpu").replace(
+        blocking_wait_measured={2: ((0.0, 1e-3), (0.01, 3e-3)),
+                                4: ((0.001, 2e-3), (0.02, 6e-3))})
+    hw = base.replace(blocking_wait_group_measured={4: ((0.0, 5e-3), (0.01, 9e-3))})
+    assert hw.blocking_wait_at(0.005, 4, 4) == pytest.approx(7e-3)  # the group's, halfway
+    assert hw.blocking_wait_at(0.005, 4, 6) == pytest.approx(7e-3)  # 6: the largest <= 6
+    assert hw.blocking_wait_at(0.005, 8, 8) == pytest.approx(14e-3)  # 8 workers: twice 4's
+    assert hw.blocking_wait_at(0.005, 2, 2) == pytest.approx(2e-3)  # a pair: the pairs'
+    assert hw.blocking_wait_at(0.0105, 4, 3) == pytest.approx(4e-3)  # 3 < 4: the pairs' N=4
+    assert hw.blocking_wait_at(0.0105, 4) == pytest.approx(4e-3)  # default group: a pair
+    assert ClusterSpec(hw, 4).blocking_wait(0.005, 4) == pytest.approx(7e-3)
+    p = tmp_path / "box.toml"
+    p.write_text('[hardware]\npreset = "cpu"\n[hardware.blocking_wait_group_measured]\n'
+                 '4 = [[0.0, 0.005], [0.01, 0.009]]\n')
+    assert load_hardware(str(p)).blocking_wait_group_measured == {
+        4: ((0.0, 5e-3), (0.01, 9e-3))}
+    assert hw.to_dict()["blocking_wait_group_measured"]["4"] == [[0.0, 5e-3], [0.01, 9e-3]]
+    p.write_text('[hardware]\npreset = "cpu"\n[hardware.blocking_wait_group_measured]\n4 = 1\n')
+    with pytest.raises(PtdError, match="blocking_wait_group_measured"):
+        load_hardware(str(p))
+    with pytest.raises(PtdError, match="blocking_wait_group_measured"):
+        base.replace(blocking_wait_group_measured={2: ((0.0, 1e-3),)})  # a pair: the other
+    with pytest.raises(PtdError, match="wait must be >= 0"):
+        base.replace(blocking_wait_group_measured={4: ((0.0, -1e-3),)})
+
+
 def test_dtensor_reduce_lookup_and_toml(tmp_path):
     """``dtensor_reduce_measured``: the least-squares line through the points, never below
     0, the worker count picked as the blocking curve's; 0 where absent (presets, GPUs)."""

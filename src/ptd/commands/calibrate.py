@@ -256,6 +256,12 @@ def render(result: dict, path: Path) -> str:
                   "pattern), N at once: wait = chunk + all-reduce as timed - the chunk at the "
                   "N-worker matmul rate - the all-reduce fit",
                   table(rows, header=("N", "chunk", "priced", "all-reduce", "wait"))]
+    if s.get("blocking_group"):
+        rows = [(n, duration(p[3]) if len(p) > 3 else "-", duration(p[0]), duration(p[2]),
+                 duration(p[1])) for n, pts in s["blocking_group"].items() for p in pts]
+        lines += ["", "the same in one group of all the workers (G its size): wait = chunk + "
+                  "all-reduce as timed - the chunk at the G-worker matmul rate - the group's fit",
+                  table(rows, header=("G", "chunk", "priced", "all-reduce", "wait"))]
     if s.get("dtensor_reduce"):
         rows = [(n, si(p[0], "B"), duration(p[2]), duration(p[3]), duration(p[4]), duration(p[1]))
                 for n, pts in s["dtensor_reduce"].items() for p in pts]

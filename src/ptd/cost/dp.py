@@ -101,10 +101,11 @@ def _ep_all_reduce_waits(plan: ParallelPlan, cluster: ClusterSpec, blk: Any, dp_
     not calibrated): the dense all-reduce follows the backward's work since its last
     all-to-all (the first block's, before its routed experts: ``w(c)``, as
     :func:`ptd.cost.step.ep_waits`), the experts' follows it at once (``w(0)``; none where
-    no other rank holds the same experts)."""
+    no other rank holds the same experts), each for its group's size."""
     from .moe import ep_chunks
     w = cluster.blocking_wait
-    return w(ep_chunks(blk)[2]) + (w(0.0) if dp_n // plan.ep > 1 else 0.0)
+    experts = dp_n // plan.ep  # ranks holding the same experts
+    return w(ep_chunks(blk)[2], dp_n) + (w(0.0, experts) if experts > 1 else 0.0)
 
 
 def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
@@ -153,7 +154,8 @@ def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
         terms = _zero3_units(plan, nl, m, ag_block, rs_block, blk_f, blk_b, ag_root, rs_root)
     if hw.kind == "cpu":
         return DpTerms(terms.total, terms.total + _cpu_late_peers(model, plan, cluster, mbt,
-                                                                   recompute_early_stop), 0.0)
+                                                                   recompute_early_stop,
+                                                                   dp_n), 0.0)
     return terms
 
 
@@ -252,7 +254,7 @@ def _zero3_units(plan: ParallelPlan, nl: int, m: int, ag_block: float, rs_block:
 
 
 def _cpu_late_peers(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
-                    recompute_early_stop: bool) -> float:
+                    recompute_early_stop: bool, group: int = 2) -> float:
     """On a CPU nothing of FSDP's communication hides: FSDP2 overlaps its collectives with
     computation through CUDA streams, and a CPU has none. Its implicit prefetch issues each
     unit's all-gather on "the all-gather stream" with ``async_op=False``
@@ -263,8 +265,8 @@ def _cpu_late_peers(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, 
     and every gradient reduction runs to its end on the thread that issued it, between two
     blocks' computation. Each is then a blocking collective after a chunk of computation,
     as tensor parallelism's all-reduces are, and pays the same calibrated late-peer wait
-    (``ClusterSpec.blocking_wait``; 0 where not calibrated). This returns the waits; the
-    collectives themselves are all exposed.
+    (``ClusterSpec.blocking_wait`` for a group of ``group``, the dp group; 0 where not
+    calibrated). This returns the waits; the collectives themselves are all exposed.
 
     Each call waits ``w(c)``, ``c`` the computation since the rank's previous collective: a
     block's (or a unit's) forward or backward between two blocks' collectives, 0 where two
@@ -282,7 +284,8 @@ def _cpu_late_peers(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, 
     last unit's after the root's left-over blocks too), the root's at the end: ZeRO-2 in
     every micro-batch, ZeRO-1 in the last; under a pipeline all at the end of the
     schedule, back to back."""
-    w = cluster.blocking_wait
+    def w(chunk: float) -> float:
+        return cluster.blocking_wait(chunk, group)
     m, nl, blk = plan.n_microbatches, mbt.nl, mbt.blk
     f = blk.forward + 2 * (mbt.ar + mbt.wait)
     b = blk.backward + blk.recompute(plan.recompute, recompute_early_stop) + 2 * (mbt.ar + mbt.wait)

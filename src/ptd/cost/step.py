@@ -276,8 +276,9 @@ def micro_batch(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, atte
         # Each tp collective blocks the compute stream. After a chunk of computation it also
         # waits beyond its back-to-back time (calibrated ``blocking_wait_measured``: gloo's
         # threads wake, a peer descheduled on shared cores arrives late; 0 on GPUs and
-        # presets), which grows with the chunk: the rank's compute shared among them.
-        wait = cluster.blocking_wait((f + b + rc) / (n_f + n_b)) if tp_n > 1 else 0.0
+        # presets), which grows with the chunk: the rank's compute shared among them, and
+        # with the group (it waits for the latest of its peers).
+        wait = cluster.blocking_wait((f + b + rc) / (n_f + n_b), tp_n) if tp_n > 1 else 0.0
         tf = nl * n_block_f * ar + (ar if r == first else 0.0) \
             + (tp_out_f if r == last else 0.0) + n_f * wait
         tb = nl * n_block_b * ar + (ar if r == last else 0.0) + n_b * wait
@@ -467,7 +468,7 @@ def ep_layer_overheads(cluster: ClusterSpec) -> tuple[float, float, float]:
             max(0.0, get("ep_layer_backward") - calls_b), calls_f + calls_b)
 
 
-def ep_waits(cluster: ClusterSpec, blk: C.BlockTime) -> float:
+def ep_waits(cluster: ClusterSpec, blk: C.BlockTime, group: int = 2) -> float:
     """The late-peer waits of one MoE block's ep collectives in one micro-batch (CPUs:
     ``ClusterSpec.blocking_wait``, 0 where not calibrated). Each of the five blocks the
     calling thread and waits ``w(c)``, ``c`` the computation since the rank's previous
@@ -479,7 +480,8 @@ def ep_waits(cluster: ClusterSpec, blk: C.BlockTime) -> float:
     backward. (Measured on this CPU, 2 ranks, tiny-moe, 512 tokens: a rows' all-to-all
     right after a barrier took 0.5-0.6 ms at the median but 1.0-1.9 ms on average, where
     back to back it takes 0.3; docs/moe.md.)"""
-    w = cluster.blocking_wait
+    def w(chunk: float) -> float:
+        return cluster.blocking_wait(chunk, group)  # the ep group's
     before_f, ef, before_b, eb = MOE.ep_chunks(blk)
     return w(before_f) + w(0.0) + w(ef) + w(before_b) + w(eb)
 
@@ -498,5 +500,5 @@ def _ep_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Mi
                             imbalance)
     if plan.ep > 1:
         comm += mbt.nl * plan.n_microbatches * (ep_layer_overheads(cluster)[2]
-                                                 + ep_waits(cluster, mbt.blk))
+                                                 + ep_waits(cluster, mbt.blk, plan.ep))
     return comm + MOE.imbalance_compute_time(model, plan, mbt.nl, rate, imbalance)

@@ -176,6 +176,16 @@ class HardwareSpec:
     sleep and must be woken, and where workers outnumber cores a peer descheduled during
     its chunk arrives late. Both grow with the chunk. Read by linear interpolation, flat
     past the measured chunks; absent: no wait (GPUs, presets)."""
+    blocking_wait_group_measured: dict[int, tuple[tuple[float, float], ...]] = field(
+        default_factory=dict)
+    """From ``ptd calibrate`` (CPU, more than 2 workers): the same loop as
+    ``blocking_wait_measured`` in one group of all the workers, keyed by that group's
+    size, points ``(chunk seconds, wait seconds)`` beyond that group's all-reduce fit. A
+    collective waits for the latest of its peers, so a group of 4 waits longer than a pair
+    with 4 workers busy (2026-11-28, 4 workers on 2 cores, 1 MiB after ~20 ms of matmuls:
+    14-19 ms in a group of 4, 8-9 in pairs). Read for collectives of a group at least
+    that large (the largest measured size not above the group's); smaller groups, or
+    none measured: ``blocking_wait_measured``."""
     dtensor_reduce_measured: dict[int, tuple[tuple[float, float], ...]] = field(
         default_factory=dict)
     """From ``ptd calibrate`` (CPU): what one tensor-parallel all-reduce costs beyond the
@@ -265,13 +275,20 @@ class HardwareSpec:
             return None
         return _per_worker(table, workers_per_node, 0.0, share=False)
 
-    def blocking_wait_at(self, chunk: float, workers_per_node: int = 1) -> float:
-        """Seconds a blocking collective waits beyond its alpha-beta time after ``chunk``
-        seconds of computation while ``workers_per_node`` run (``blocking_wait_measured``)."""
-        if not self.blocking_wait_measured:
+    def blocking_wait_at(self, chunk: float, workers_per_node: int = 1, group: int = 2) -> float:
+        """Seconds a blocking collective of ``group`` ranks waits beyond its alpha-beta time
+        after ``chunk`` seconds of computation while ``workers_per_node`` run
+        (``blocking_wait_group_measured`` for groups of more than 2 where measured, else
+        ``blocking_wait_measured``)."""
+        sizes = [g for g in self.blocking_wait_group_measured if 2 < g <= group]
+        if sizes:
+            table, pick = self.blocking_wait_group_measured, max(sizes)
+        elif not self.blocking_wait_measured:
             return self.overhead_at("blocking_collective", workers_per_node) or 0.0
-        pick = _pick_workers(self.blocking_wait_measured, workers_per_node)
-        pts = sorted(self.blocking_wait_measured[pick])
+        else:
+            table = self.blocking_wait_measured
+            pick = _pick_workers(table, workers_per_node)
+        pts = sorted(table[pick])
         if chunk <= pts[0][0]:
             wait = pts[0][1]
         elif chunk >= pts[-1][0]:
@@ -336,6 +353,8 @@ class HardwareSpec:
             d[k] = {str(n): v for n, v in getattr(self, k).items()}
         d["blocking_wait_measured"] = {str(n): [list(p) for p in pts]
                                        for n, pts in self.blocking_wait_measured.items()}
+        d["blocking_wait_group_measured"] = {
+            str(n): [list(p) for p in pts] for n, pts in self.blocking_wait_group_measured.items()}
         d["dtensor_reduce_measured"] = {str(n): [list(p) for p in pts]
                                         for n, pts in self.dtensor_reduce_measured.items()}
         d["moe_layer_measured"] = {k: {str(n): [list(p) for p in pts] for n, pts in t.items()}
@@ -420,10 +439,10 @@ class ClusterSpec:
         node's workers running (0 where not calibrated)."""
         return self.hardware.dtensor_reduce_at(nbytes, self.workers_per_node)
 
-    def blocking_wait(self, chunk: float) -> float:
-        """The wait a blocking collective adds after ``chunk`` seconds of computation, with
-        the node's workers running (0 where not calibrated)."""
-        return self.hardware.blocking_wait_at(chunk, self.workers_per_node)
+    def blocking_wait(self, chunk: float, group: int = 2) -> float:
+        """The wait a blocking collective of ``group`` ranks adds after ``chunk`` seconds of
+        computation, with the node's workers running (0 where not calibrated)."""
+        return self.hardware.blocking_wait_at(chunk, self.workers_per_node, group)
 
 
 # ------------------------------------------------------------------ presets
@@ -633,6 +652,14 @@ def hardware_from_dict(d: dict[str, Any], name: str = "custom") -> HardwareSpec:
         except (TypeError, ValueError, AttributeError):
             raise PtdError(f"{name}: blocking_wait_measured wants workers = [[chunk, wait], "
                            "...] (seconds)") from None
+    if "blocking_wait_group_measured" in d:
+        try:
+            d["blocking_wait_group_measured"] = {
+                int(n): tuple((float(c), float(w)) for c, w in pts)
+                for n, pts in d["blocking_wait_group_measured"].items()}
+        except (TypeError, ValueError, AttributeError):
+            raise PtdError(f"{name}: blocking_wait_group_measured wants group = [[chunk, "
+                           "wait], ...] (seconds)") from None
     if "dtensor_reduce_measured" in d:
         try:
             d["dtensor_reduce_measured"] = {

@@ -185,6 +185,13 @@ def check_hardware(hw: Any) -> None:
         for c, wt in pts:
             _nonneg(w, f"blocking_wait_measured[{n}] chunk", c)
             _nonneg(w, f"blocking_wait_measured[{n}] wait", wt)
+    for n, pts in hw.blocking_wait_group_measured.items():
+        if not isinstance(n, int) or n < 3 or not pts:
+            raise PtdError(f"{w}blocking_wait_group_measured wants group (3, 4, ...) = "
+                           "[[chunk, wait], ...]")
+        for c, wt in pts:
+            _nonneg(w, f"blocking_wait_group_measured[{n}] chunk", c)
+            _nonneg(w, f"blocking_wait_group_measured[{n}] wait", wt)
     for n, pts in hw.dtensor_reduce_measured.items():
         if not isinstance(n, int) or n < 1 or not pts:
             raise PtdError(f"{w}dtensor_reduce_measured wants workers (1, 2, ...) = "

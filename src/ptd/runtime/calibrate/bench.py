@@ -740,4 +740,13 @@ def collective_suite(rank: int, nproc: int, plan: dict, device: torch.device, ba
                 if d is not None:
                     times.setdefault("dtensor_reduce", {})[str(n_active)] = d
             tick("DTensor all-reduce")
+        if g == nproc and g > 2 and device.type == "cpu":
+            # the same loop in one group of all the workers: a collective waits for the
+            # latest of its peers, so a larger group waits longer than pairs do
+            w = blocking_curve(rank, nproc, pg, barrier, timeout, plan["repeats"],
+                               plan["blocking_chunks"], plan["blocking_bytes"],
+                               plan.get("blocking_side", BLOCKING_SIDE))
+            if w is not None:
+                times.setdefault("blocking_group", {})[str(g)] = w
+            tick(f"blocking collectives g={g}")
     return times, missing

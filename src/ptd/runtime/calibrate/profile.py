@@ -21,6 +21,8 @@
   :mod:`ptd.cost.comm`, so the fit means what the cost model reads.
 * blocking collectives (CPU): per workers at once, ``(chunk, wait)`` points -- the mean
   time of an all-reduce after a chunk of matmuls less what the all-reduce fit charges for it.
+* blocking collectives in one group of all the workers (CPU, more than 2): the same, keyed
+  by the group's size, less that size's all-reduce fit.
 * DTensor all-reduce (CPU): per workers at once, ``(bytes, extra)`` points -- what reducing
   a ``Partial`` DTensor costs beyond the plain all-reduce and beyond the same call on a
   one-rank mesh, the mean over the active ranks.
@@ -134,6 +136,9 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
     blocking = _blocking_curves(results, collectives, plan.get("blocking_bytes", 0),
                                 gemm.get("fp32", {}), plan.get("blocking_side", BLOCKING_SIDE))
     dtensor_reduce = _dtensor_reduce_points(results)
+    blocking_group = _blocking_curves(results, collectives, plan.get("blocking_bytes", 0),
+                                      gemm.get("fp32", {}),
+                                      plan.get("blocking_side", BLOCKING_SIDE), "blocking_group")
     missing: dict[str, str] = {}
     for r in results:
         missing.update(r.get("missing", {}))
@@ -172,12 +177,13 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
             "attention": attention, "attention_shapes": attention_shapes,
             "attention_ratio": median(ratios) if ratios else None,
             "attention_dtype": primary, "collectives": collectives, "blocking": blocking,
-            "dtensor_reduce": dtensor_reduce, "missing": missing}
+            "blocking_group": blocking_group, "dtensor_reduce": dtensor_reduce,
+            "missing": missing}
 
 
 def _blocking_curves(results: list[dict], fits: list[dict], nbytes: int,
-                     gemm: dict[int, dict] | None = None, side: int = BLOCKING_SIDE
-                     ) -> dict[int, list[list[float]]]:
+                     gemm: dict[int, dict] | None = None, side: int = BLOCKING_SIDE,
+                     key: str = "blocking") -> dict[int, list[list[float]]]:
     """Workers at once -> ``[chunk s, wait s, all-reduce s, chunk as timed s]`` points, by
     chunk: the mean
     over the active ranks of what a chunk of ``k`` matmuls and the all-reduce after it
@@ -191,16 +197,18 @@ def _blocking_curves(results: list[dict], fits: list[dict], nbytes: int,
     chunk arrives late by the same time. (4 workers on 2 cores, 2026-11-28: 8 matmuls of
     256 took 3.9 ms and the all-reduce after them 4.6, where 8 products at the 4-worker rate
     cost 5.9: 2.4 ms more than the cost model charges, not 4.3.) Without ``gemm``: the
-    chunks as timed, the all-reduce less its fit."""
-    fit = next((c for c in fits if c["kind"] == "all_reduce" and c["group_size"] == 2), None)
+    chunks as timed, the all-reduce less its fit. ``key="blocking_group"``: the loop in one
+    group of ``n`` workers (``n`` all the workers), less that group size's fit."""
     curves: dict[int, list[list[float]]] = {}
-    per_n = [r["collectives"]["blocking"] for r in results
-             if "blocking" in r.get("collectives", {})]
+    per_n = [r["collectives"][key] for r in results if key in r.get("collectives", {})]
     for n in sorted({n for b in per_n for n in b}, key=int):
+        size = int(n) if key == "blocking_group" else 2
+        fit = next((c for c in fits if c["kind"] == "all_reduce" and c["group_size"] == size),
+                   None)
         ranks = [b[n] for b in per_n if n in b]
         pts = {k: (mean([r[k][0] for r in ranks]), mean([r[k][1] for r in ranks]))
                for k in ranks[0]}
-        base = (fit["alpha"] + bus_factor("all_reduce", 2) * nbytes / fit["bus_bandwidth"]
+        base = (fit["alpha"] + bus_factor("all_reduce", size) * nbytes / fit["bus_bandwidth"]
                 if fit else pts.get("0", (0.0, min(t for _, t in pts.values())))[1])
         g = (gemm or {}).get(int(n))
         rate = (g["sizes"].get(side, g["rate"]) if g else 0.0)
@@ -258,6 +266,9 @@ def profile_table(summary: dict, base: HardwareSpec, name: str, device: str,
     if summary.get("blocking"):
         hw["blocking_wait_measured"] = {str(n): [[p[0], p[1]] for p in pts]
                                         for n, pts in summary["blocking"].items()}
+    if summary.get("blocking_group"):
+        hw["blocking_wait_group_measured"] = {str(n): [[p[0], p[1]] for p in pts]
+                                              for n, pts in summary["blocking_group"].items()}
     if summary.get("dtensor_reduce"):
         hw["dtensor_reduce_measured"] = {str(n): [[p[0], p[1]] for p in pts]
                                          for n, pts in summary["dtensor_reduce"].items()}

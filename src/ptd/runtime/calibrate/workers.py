@@ -148,6 +148,8 @@ def stage_labels(plan: dict) -> list[str]:
         out += [f"{k} g={g}" for k in plan["kinds"] if k != "send_recv" or g == 2]
         if g == 2 and plan["device"] == "cpu":
             out += ["blocking collectives", "DTensor all-reduce"]
+        if g == max(plan["workers"]) and g > 2 and plan["device"] == "cpu":
+            out.append(f"blocking collectives g={g}")
     return out
 
 

@@ -644,30 +644,17 @@ def hardware_from_dict(d: dict[str, Any], name: str = "custom") -> HardwareSpec:
         except (TypeError, ValueError, AttributeError):
             raise PtdError(f"{name}: eager_bandwidth_fraction wants kind = number "
                            "(e.g. activation = 0.2)") from None
-    if "blocking_wait_measured" in d:
-        try:
-            d["blocking_wait_measured"] = {
-                int(n): tuple((float(c), float(w)) for c, w in pts)
-                for n, pts in d["blocking_wait_measured"].items()}
-        except (TypeError, ValueError, AttributeError):
-            raise PtdError(f"{name}: blocking_wait_measured wants workers = [[chunk, wait], "
-                           "...] (seconds)") from None
-    if "blocking_wait_group_measured" in d:
-        try:
-            d["blocking_wait_group_measured"] = {
-                int(n): tuple((float(c), float(w)) for c, w in pts)
-                for n, pts in d["blocking_wait_group_measured"].items()}
-        except (TypeError, ValueError, AttributeError):
-            raise PtdError(f"{name}: blocking_wait_group_measured wants group = [[chunk, "
-                           "wait], ...] (seconds)") from None
-    if "dtensor_reduce_measured" in d:
-        try:
-            d["dtensor_reduce_measured"] = {
-                int(n): tuple((float(b), float(e)) for b, e in pts)
-                for n, pts in d["dtensor_reduce_measured"].items()}
-        except (TypeError, ValueError, AttributeError):
-            raise PtdError(f"{name}: dtensor_reduce_measured wants workers = [[bytes, "
-                           "seconds], ...]") from None
+    # (key, value) point tables keyed by an integer: workers at once, or a group's size
+    waits = "[[chunk, wait], ...] (seconds)"
+    for field_name, keyed, point in (("blocking_wait_measured", "workers", waits),
+                                     ("blocking_wait_group_measured", "group", waits),
+                                     ("dtensor_reduce_measured", "workers", "[[bytes, seconds], ...]")):
+        if field_name in d:
+            try:
+                d[field_name] = {int(n): tuple((float(a), float(b)) for a, b in pts)
+                                 for n, pts in d[field_name].items()}
+            except (TypeError, ValueError, AttributeError):
+                raise PtdError(f"{name}: {field_name} wants {keyed} = {point}") from None
     if "moe_layer_measured" in d:
         try:
             d["moe_layer_measured"] = {

@@ -181,17 +181,14 @@ def check_hardware(hw: Any) -> None:
         for per in tables:
             if any(not isinstance(n, int) or n < 1 for n in per):
                 raise PtdError(f"{w}measured tables are keyed by workers at once (1, 2, ...)")
-    for n, pts in hw.blocking_wait_measured.items():
-        for c, wt in pts:
-            _nonneg(w, f"blocking_wait_measured[{n}] chunk", c)
-            _nonneg(w, f"blocking_wait_measured[{n}] wait", wt)
-    for n, pts in hw.blocking_wait_group_measured.items():
-        if not isinstance(n, int) or n < 3 or not pts:
-            raise PtdError(f"{w}blocking_wait_group_measured wants group (3, 4, ...) = "
-                           "[[chunk, wait], ...]")
-        for c, wt in pts:
-            _nonneg(w, f"blocking_wait_group_measured[{n}] chunk", c)
-            _nonneg(w, f"blocking_wait_group_measured[{n}] wait", wt)
+    for table in ("blocking_wait_measured", "blocking_wait_group_measured"):
+        for n, pts in getattr(hw, table).items():
+            if table == "blocking_wait_group_measured" and (not isinstance(n, int) or n < 3
+                                                             or not pts):
+                raise PtdError(f"{w}{table} wants group (3, 4, ...) = [[chunk, wait], ...]")
+            for c, wt in pts:
+                _nonneg(w, f"{table}[{n}] chunk", c)
+                _nonneg(w, f"{table}[{n}] wait", wt)
     for n, pts in hw.dtensor_reduce_measured.items():
         if not isinstance(n, int) or n < 1 or not pts:
             raise PtdError(f"{w}dtensor_reduce_measured wants workers (1, 2, ...) = "

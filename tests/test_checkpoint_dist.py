@@ -21,8 +21,9 @@ from ptd.runtime.checkpoint import restore
 
 pytestmark = pytest.mark.dist
 
+# (no torch.profiler steps: they cost ~1-2 s a run, and these tests compare losses)
 COMMON = ["--model", "tiny", "--steps", "8", "--global-batch", "8", "--seq-len", "64",
-          "--warmup", "3", "--timeout", "60"]
+          "--warmup", "3", "--timeout", "60", "--profile-steps", "0"]
 RUN_TIMEOUT = 150
 
 # Uninterrupted runs, by name: their flags (besides COMMON and checkpoints every 4 steps).

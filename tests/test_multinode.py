@@ -22,8 +22,9 @@ import pytest
 
 pytestmark = pytest.mark.dist
 
+# (no torch.profiler steps: they cost ~1-2 s a run, and these tests compare losses)
 COMMON = ["--model", "tiny", "--steps", "4", "--global-batch", "8", "--seq-len", "64",
-          "--warmup", "1", "--timeout", "60", "--micro-batch", "2"]
+          "--warmup", "1", "--timeout", "60", "--micro-batch", "2", "--profile-steps", "0"]
 PLAN = ["--dp", "2", "--tp", "2", "--zero", "1"]
 RUN_TIMEOUT = 150
 

@@ -22,8 +22,9 @@ from helpers import assert_same_params, grad_norms, losses
 
 pytestmark = pytest.mark.dist
 
+# (no torch.profiler steps: they cost ~1-2 s a run, and these tests compare losses)
 COMMON = ["--model", "tiny-gpt", "--steps", "10", "--global-batch", "8", "--seq-len", "64",
-          "--warmup", "3", "--timeout", "60", "--val-fraction", "0.05"]
+          "--warmup", "3", "--timeout", "60", "--val-fraction", "0.05", "--profile-steps", "0"]
 RUN_TIMEOUT = 150
 trained = functools.partial(helpers.trained, dump_params=True, timeout=RUN_TIMEOUT,
                             common=COMMON)

@@ -22,8 +22,10 @@ from helpers import assert_same_params, grad_norms, losses, records
 pytestmark = pytest.mark.dist
 
 # tiny Llama-style model (GQA, RoPE, SwiGLU), 8 sequences of 64 tokens per step, 10 steps.
+# No torch.profiler steps (they cost ~1-2 s a run and these tests compare losses), except in
+# the 3-D example: the default, profiled path must train the same too.
 COMMON = ["--model", "tiny", "--steps", "10", "--global-batch", "8", "--seq-len", "64",
-          "--warmup", "3", "--timeout", "60", "--val-fraction", "0.05"]
+          "--warmup", "3", "--timeout", "60", "--val-fraction", "0.05", "--profile-steps", "0"]
 EVAL = ["--eval-every", "5"]
 RUN_TIMEOUT = 150
 # every run saves its parameters before the first and after the last step
@@ -75,7 +77,7 @@ LAYOUTS = [
     # over mesh rows and hidden over columns; with dp 2, gradients averaged by the runner
     # the 3-D example of docs/parallelism.md
     ("pp2-dp2-tp2-zero1-sp", ["--nproc", "8", "--pp", "2", "--dp", "2", "--tp", "2", "--zero", "1",
-                              "--sp", "--micro-batch", "2", *EVAL], 1e-4),
+                              "--sp", "--micro-batch", "2", "--profile-steps", "3", *EVAL], 1e-4),
 ]
 
 

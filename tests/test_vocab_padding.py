@@ -157,7 +157,7 @@ def test_export_and_import_hold_the_real_vocabulary_only(tmp_path, monkeypatch):
 # ------------------------------------------------------------------ runs across paddings
 def common(steps=8):  # (one schedule: the LR follows --steps)
     return ["--steps", str(steps), "--global-batch", "8", "--seq-len", "64", "--warmup", "2",
-            "--timeout", "60", "--micro-batch", "2"]
+            "--timeout", "60", "--micro-batch", "2", "--profile-steps", "0"]
 
 
 @pytest.fixture(scope="module")

@@ -332,6 +332,10 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
     pts = hw.blocking_wait_measured[2]
     assert len(pts) == 3 and pts[0][0] < 0.1 * pts[1][0] and pts[1][0] < pts[2][0]
     assert all(0 <= w and math.isfinite(w) for _, w in pts)  # (no absolute bound in seconds)
+    # each chunk was also timed alone just before its loop (none for the back-to-back one),
+    # longer with more matmuls
+    alone = [p[4] for p in raw["summary"]["blocking"]["2"]]
+    assert alone[0] == 0 and 0 < alone[1] < alone[2] and all(map(math.isfinite, alone))
     assert "blocking_collective" not in hw.overheads_measured
     # tp's all-reduce through DTensor, beyond the plain call, 2 workers at once: one point
     # per quick size (64 KiB, 1 MiB), finite seconds not below 0
@@ -473,6 +477,33 @@ def test_blocking_waits_are_what_chunk_and_collective_cost_beyond_their_price():
     old = _blocking_curves(results, fits, 2**20)[2]
     assert [v for p in old for v in p[:2]] == pytest.approx(
         [2e-6, 1.7e-3 - ar, 6e-3, 5e-3 - ar, 70e-3, 2e-3 - ar], rel=1e-6)
+
+
+def test_blocking_waits_charge_the_chunk_as_timed_alone_in_the_same_stage():
+    # The loop's results carry the chunk timed alone right before it (third value). The wait
+    # charges that, not the chunk priced at the matmul stage's rate -- which still places
+    # the point (the cost model looks the wait up by its own price of the chunk). 2 workers:
+    # a 256 x 256 matmul priced 3 us + 2 * 256^3 / 30e9 = 1.12148 ms, the all-reduce of 2^20
+    # bytes 1e-4 + 2^20 / 1e9 = 1.148576 ms. Chunk of 8 timed alone 10 ms (the machine was
+    # slower than at the matmul stage), in the loop 9 ms, the all-reduce 4 ms: wait 9 + 4 -
+    # 10 - 1.148576 = 1.851424 ms. Priced at the stage's rate it would read 9 + 4 - 8.97184 -
+    # 1.148576 = 2.879584 ms. Chunk of 64 alone 80 ms, loop 70 + 2: 0 (not below 0).
+    plan, results = _synthetic()
+    plan["blocking_bytes"] = 2**20
+    timed = {"0": [2e-6, 1.7e-3, 0.0], "8": [9e-3, 4e-3, 10e-3], "64": [70e-3, 2e-3, 80e-3]}
+    for r in results:
+        r["collectives"]["blocking"] = {"2": timed}
+    mm, ar = 3e-6 + 2 * 256**3 / 30e9, 1e-4 + 2**20 / 1e9
+    pts = summarize(plan, results)["blocking"][2]
+    assert [p[0] for p in pts] == pytest.approx([0.0, 8 * mm, 64 * mm], rel=1e-9)
+    assert [p[1] for p in pts] == pytest.approx([2e-6 + 1.7e-3 - ar, 13e-3 - 10e-3 - ar, 0.0],
+                                                rel=1e-6, abs=1e-12)
+    assert pts[1][1] == pytest.approx(1.851424e-3, rel=1e-6)
+    assert [p[2:] for p in pts] == [[1.7e-3, 2e-6, 0.0], [4e-3, 9e-3, 10e-3], [2e-3, 70e-3, 80e-3]]
+    # the profile keeps (priced chunk, wait)
+    table = profile_table(summarize(plan, results), get_hardware_preset("cpu"), "synth", "cpu",
+                          8 * 2**30, "test")
+    assert table["blocking_wait_measured"]["2"][1] == pytest.approx([8 * mm, 1.851424e-3], rel=1e-6)
 
 
 def test_a_groups_blocking_waits_are_priced_against_that_groups_fit():

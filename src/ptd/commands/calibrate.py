@@ -249,19 +249,22 @@ def render(result: dict, path: Path) -> str:
                 for c in s["collectives"]]
         lines += ["", "collectives: t = alpha + bus_factor * M / busbw (all groups busy at once)",
                   table(rows, header=("kind", "group", "alpha", "busbw", "fit err", "sizes"))]
+    def wait_rows(curves: dict) -> list[tuple]:
+        return [(n, duration(p[3]) if len(p) > 3 else "-", duration(p[4]) if len(p) > 4 else "-",
+                 duration(p[0]), duration(p[2]), duration(p[1]))
+                for n, pts in curves.items() for p in pts]
     if s.get("blocking"):
-        rows = [(n, duration(p[3]) if len(p) > 3 else "-", duration(p[0]), duration(p[2]),
-                 duration(p[1])) for n, pts in s["blocking"].items() for p in pts]
         lines += ["", "a 1 MiB all-reduce in pairs after a chunk of matmuls (tensor parallelism's "
-                  "pattern), N at once: wait = chunk + all-reduce as timed - the chunk at the "
-                  "N-worker matmul rate - the all-reduce fit",
-                  table(rows, header=("N", "chunk", "priced", "all-reduce", "wait"))]
+                  "pattern), N at once: wait = chunk + all-reduce as timed - the same chunk timed "
+                  "alone just before - the all-reduce fit; priced: the chunk at the N-worker "
+                  "matmul rate, where the cost model looks the wait up",
+                  table(wait_rows(s["blocking"]),
+                        header=("N", "chunk", "alone", "priced", "all-reduce", "wait"))]
     if s.get("blocking_group"):
-        rows = [(n, duration(p[3]) if len(p) > 3 else "-", duration(p[0]), duration(p[2]),
-                 duration(p[1])) for n, pts in s["blocking_group"].items() for p in pts]
-        lines += ["", "the same in one group of all the workers (G its size): wait = chunk + "
-                  "all-reduce as timed - the chunk at the G-worker matmul rate - the group's fit",
-                  table(rows, header=("G", "chunk", "priced", "all-reduce", "wait"))]
+        lines += ["", "the same in one group of all the workers (G its size), less the group's "
+                  "all-reduce fit",
+                  table(wait_rows(s["blocking_group"]),
+                        header=("G", "chunk", "alone", "priced", "all-reduce", "wait"))]
     if s.get("dtensor_reduce"):
         rows = [(n, si(p[0], "B"), duration(p[2]), duration(p[3]), duration(p[4]), duration(p[1]))
                 for n, pts in s["dtensor_reduce"].items() for p in pts]

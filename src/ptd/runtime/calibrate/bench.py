@@ -596,16 +596,28 @@ def blocking_curve(rank: int, n_active: int, pg: Any, barrier: Any, timeout: flo
     late: each call is slower, the more so the longer the chunk. Measured as tensor
     parallelism meets it: a loop of (``k`` 256x256 matmuls; all-reduce of
     ``nbytes`` within the pair), each all-reduce timed on its own, for each ``k``
-    of ``chunks`` (``k -> calls``; ``k = 0`` is back to back). Returns ``str(k) -> [mean
-    chunk seconds, mean all-reduce seconds]`` (median of ``repeats`` windows), None on
-    ranks outside the active pairs. The iteration counts are fixed, not timed: both peers
-    must call the collective equally often."""
+    of ``chunks`` (``k -> calls``; ``k = 0`` is back to back). Right before each loop the
+    same chunks run alone, the same workers busy and no collective between them: what a
+    chunk costs at this moment. (The wait is a few ms beside chunks of up to ~60 ms; priced
+    at the matmul stage's rate instead, a machine 10% slower or faster than a minute
+    earlier moved it by more than itself: docs/measuring.md, "Thirteenth session".)
+    Returns ``str(k) -> [mean chunk seconds, mean all-reduce seconds, mean chunk seconds
+    alone]`` (medians of ``repeats`` windows), None on ranks outside the active pairs. The
+    iteration counts are fixed, not timed: both peers must call the collective equally
+    often."""
     a, b = torch.randn(side, side), torch.randn(side, side)
     x = torch.zeros(nbytes // 4)
     active = rank < n_active
     out: dict[str, list[list[float]]] = {}
     for _ in range(repeats):
         for k, calls in chunks.items():
+            barrier.wait(timeout)
+            alone = 0.0
+            if active and k:
+                t0 = time.perf_counter()
+                for _ in range(calls * k):
+                    torch.mm(a, b)
+                alone = (time.perf_counter() - t0) / calls
             barrier.wait(timeout)
             if not active:
                 continue
@@ -619,11 +631,10 @@ def blocking_curve(rank: int, n_active: int, pg: Any, barrier: Any, timeout: flo
                 dist.all_reduce(x, group=pg)
                 t2 = time.perf_counter()
                 chunk, coll = chunk + t1 - t0, coll + t2 - t1
-            out.setdefault(str(k), []).append([chunk / calls, coll / calls])
+            out.setdefault(str(k), []).append([chunk / calls, coll / calls, alone])
     if not active:
         return None
-    return {k: [statistics.median(c for c, _ in v), statistics.median(t for _, t in v)]
-            for k, v in out.items()}
+    return {k: [statistics.median(p[i] for p in v) for i in range(3)] for k, v in out.items()}
 
 
 def dtensor_reduce_curve(rank: int, n_active: int, pg: Any, one_pg: Any, barrier: Any,

@@ -184,21 +184,25 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
 def _blocking_curves(results: list[dict], fits: list[dict], nbytes: int,
                      gemm: dict[int, dict] | None = None, side: int = BLOCKING_SIDE,
                      key: str = "blocking") -> dict[int, list[list[float]]]:
-    """Workers at once -> ``[chunk s, wait s, all-reduce s, chunk as timed s]`` points, by
-    chunk: the mean
-    over the active ranks of what a chunk of ``k`` matmuls and the all-reduce after it
-    cost (``bench.blocking_curve``) less what the cost model already charges for them --
-    the all-reduce's fit (the group-of-2 fit, or where there is none the back-to-back call
-    of the same loop) and the chunk's products at the matmul rate measured with as many
-    workers at once (``gemm``: fp32 by workers, its ``side`` x ``side`` rate where
-    measured), which is also the chunk the point stands at. Why the chunk as priced, not
-    as timed: where workers outnumber cores, the rate measured with all of them busy
-    already prices the time each waits for a core; a peer that was descheduled during its
-    chunk arrives late by the same time. (4 workers on 2 cores, 2026-11-28: 8 matmuls of
-    256 took 3.9 ms and the all-reduce after them 4.6, where 8 products at the 4-worker rate
-    cost 5.9: 2.4 ms more than the cost model charges, not 4.3.) Without ``gemm``: the
-    chunks as timed, the all-reduce less its fit. ``key="blocking_group"``: the loop in one
-    group of ``n`` workers (``n`` all the workers), less that group size's fit."""
+    """Workers at once -> ``[chunk s, wait s, all-reduce s, chunk as timed s(, chunk alone
+    s)]`` points, by chunk: the mean over the active ranks of what a chunk of ``k`` matmuls
+    and the all-reduce after it cost (``bench.blocking_curve``) less what the cost model
+    already charges for them -- the all-reduce's fit (the group-of-2 fit, or where there is
+    none the back-to-back call of the same loop) and the chunk, as the same workers computed
+    it alone right before the loop (where the results hold that; else the chunk's products
+    at the matmul rate measured with as many workers at once). The point stands at the
+    chunk as the cost model prices it: its products at that matmul rate (``gemm``: fp32 by
+    workers, its ``side`` x ``side`` rate where measured). Why the chunk alone, not the
+    chunk as timed in the loop: where workers outnumber cores, a chunk computed with all of
+    them busy already holds the time each waits for a core; a peer that was descheduled
+    during its chunk arrives late by the same time. (4 workers on 2 cores, 2026-11-28: 8
+    matmuls of 256 took 3.9 ms and the all-reduce after them 4.6, where 8 products at the
+    4-worker rate cost 5.9: 2.4 ms more than the cost model charges, not 4.3.) Why timed
+    alone in the same stage, not priced from the matmul stage: the machine's speed moves
+    between stages by more than the wait (docs/measuring.md, "Thirteenth session").
+    Without ``gemm``: the chunks as timed, the all-reduce less its fit.
+    ``key="blocking_group"``: the loop in one group of ``n`` workers (``n`` all the
+    workers), less that group size's fit."""
     curves: dict[int, list[list[float]]] = {}
     per_n = [r["collectives"][key] for r in results if key in r.get("collectives", {})]
     for n in sorted({n for b in per_n for n in b}, key=int):
@@ -206,16 +210,20 @@ def _blocking_curves(results: list[dict], fits: list[dict], nbytes: int,
         fit = next((c for c in fits if c["kind"] == "all_reduce" and c["group_size"] == size),
                    None)
         ranks = [b[n] for b in per_n if n in b]
-        pts = {k: (mean([r[k][0] for r in ranks]), mean([r[k][1] for r in ranks]))
+        # (chunk, all-reduce, chunk alone or None where an older ptd measured none)
+        pts = {k: (mean([r[k][0] for r in ranks]), mean([r[k][1] for r in ranks]),
+                   mean([r[k][2] for r in ranks]) if len(ranks[0][k]) > 2 else None)
                for k in ranks[0]}
         base = (fit["alpha"] + bus_factor("all_reduce", size) * nbytes / fit["bus_bandwidth"]
-                if fit else pts.get("0", (0.0, min(t for _, t in pts.values())))[1])
+                if fit else pts.get("0", (0.0, min(p[1] for p in pts.values())))[1])
         g = (gemm or {}).get(int(n))
         rate = (g["sizes"].get(side, g["rate"]) if g else 0.0)
         out = []
-        for k, (c, t) in pts.items():
+        for k, (c, t, alone) in pts.items():
             priced = int(k) * 2.0 * side**3 / rate if rate else c
-            out.append([priced, max(0.0, c + t - base - priced), t, c])
+            charged = alone if alone is not None and rate else priced
+            out.append([priced, max(0.0, c + t - base - charged), t, c]
+                       + ([alone] if alone is not None else []))
         curves[int(n)] = sorted(out)
     return curves
 

@@ -1,12 +1,12 @@
 """Tensor, sequence and pipeline parallelism through ``ptd train``: per-step losses of every
-layout against one process (fp32, same seed, data and global batch, 10 steps),
+layout against one process (fp32, same seed, data and global batch, 6 steps),
 bf16 + recompute on the 3-D mesh, and plans refused before any worker starts.
 
 Each run is its own ``ptd train`` process (torchrun, gloo) with the parity harness of
 ``helpers.ptd_train`` (``dump_params``: rank 0 saves the whole model's parameters,
 gathered over shards and pipeline stages, before the first and after the last step).
 Every run holds out the same validation tail; the reference and the runs marked ``EVAL``
-also evaluate (``--eval-every 5``), so the forward-only paths (pipeline and
+also evaluate (``--eval-every 3``), so the forward-only paths (pipeline and
 vocabulary-parallel loss) are compared too.
 """
 
@@ -21,12 +21,15 @@ from helpers import assert_same_params, grad_norms, losses, records
 
 pytestmark = pytest.mark.dist
 
-# tiny Llama-style model (GQA, RoPE, SwiGLU), 8 sequences of 64 tokens per step, 10 steps.
+# tiny Llama-style model (GQA, RoPE, SwiGLU), 8 sequences of 64 tokens per step, 6 steps: 3
+# of warm-up, 3 of decay, Adam past its first steps (10 until 2026-11-28; each step of a
+# 4-worker run costs CI ~0.6 s).
+STEPS = 6
 # No torch.profiler steps (they cost ~1-2 s a run and these tests compare losses), except in
 # the 3-D example: the default, profiled path must train the same too.
-COMMON = ["--model", "tiny", "--steps", "10", "--global-batch", "8", "--seq-len", "64",
+COMMON = ["--model", "tiny", "--steps", str(STEPS), "--global-batch", "8", "--seq-len", "64",
           "--warmup", "3", "--timeout", "60", "--val-fraction", "0.05", "--profile-steps", "0"]
-EVAL = ["--eval-every", "5"]
+EVAL = ["--eval-every", "3"]
 RUN_TIMEOUT = 150
 # every run saves its parameters before the first and after the last step
 trained = functools.partial(helpers.trained, dump_params=True, timeout=RUN_TIMEOUT)
@@ -99,7 +102,7 @@ def max_rel(a, b):
 
 def assert_parity(run, ref, rel, evaluated):
     la, lb = losses(run), losses(ref)
-    assert len(la) == len(lb) == 10
+    assert len(la) == len(lb) == STEPS
     for step, (a, b) in enumerate(zip(la, lb), 1):
         assert abs(a - b) <= rel * abs(b), f"step {step}: {a} vs {b}"
     # clipping saw the global norm over tp shards, dp shards and pipeline stages (> 1.0 at
@@ -115,7 +118,7 @@ def assert_parity(run, ref, rel, evaluated):
     assert lb[-1] < lb[0] - 0.3
     # metrics: tokens of the whole global batch, whatever the layout
     last = records(run)[-1]
-    assert last["tokens"] == records(ref)[-1]["tokens"] == 10 * 8 * 64
+    assert last["tokens"] == records(ref)[-1]["tokens"] == STEPS * 8 * 64
     summary = json.loads((run / "summary.json").read_text())
     assert summary["runtime_params"] == summary["param_count"]
     return max_rel(la, lb), param_rel

@@ -133,12 +133,12 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
         collectives.append({"kind": kind, "group_size": g, "alpha": f.intercept,
                             "bus_bandwidth": 1.0 / f.slope, **_fit_dict(f),
                             "times": {int(s): t for s, t in zip(sizes, ts)}})
-    blocking = _blocking_curves(results, collectives, plan.get("blocking_bytes", 0),
-                                gemm.get("fp32", {}), plan.get("blocking_side", BLOCKING_SIDE))
+    # pairs' loops by workers at once, and one group of all the workers by its size
+    blocking, blocking_group = (
+        _blocking_curves(results, collectives, plan.get("blocking_bytes", 0), gemm.get("fp32", {}),
+                         plan.get("blocking_side", BLOCKING_SIDE), key)
+        for key in ("blocking", "blocking_group"))
     dtensor_reduce = _dtensor_reduce_points(results)
-    blocking_group = _blocking_curves(results, collectives, plan.get("blocking_bytes", 0),
-                                      gemm.get("fp32", {}),
-                                      plan.get("blocking_side", BLOCKING_SIDE), "blocking_group")
     missing: dict[str, str] = {}
     for r in results:
         missing.update(r.get("missing", {}))
@@ -271,12 +271,10 @@ def profile_table(summary: dict, base: HardwareSpec, name: str, device: str,
         ov = summary["overhead"]
         hw["op_overhead_measured"] = {str(n): v["value"] for n, v in ov.items()}
         hw["op_overhead"] = ov[min(ov)]["value"]
-    if summary.get("blocking"):
-        hw["blocking_wait_measured"] = {str(n): [[p[0], p[1]] for p in pts]
-                                        for n, pts in summary["blocking"].items()}
-    if summary.get("blocking_group"):
-        hw["blocking_wait_group_measured"] = {str(n): [[p[0], p[1]] for p in pts]
-                                              for n, pts in summary["blocking_group"].items()}
+    for key, field in (("blocking", "blocking_wait_measured"),
+                       ("blocking_group", "blocking_wait_group_measured")):
+        if summary.get(key):  # (chunk as priced, wait) of each point
+            hw[field] = {str(n): [[p[0], p[1]] for p in pts] for n, pts in summary[key].items()}
     if summary.get("dtensor_reduce"):
         hw["dtensor_reduce_measured"] = {str(n): [[p[0], p[1]] for p in pts]
                                          for n, pts in summary["dtensor_reduce"].items()}

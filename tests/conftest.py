@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import helpers
 from helpers import forbid_processes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,6 +21,29 @@ atexit.register(shutil.rmtree, _HOME, True)
 # ptd.runtime.calibrate.first_run); the runs tests start inherit this. Tests of the
 # first-run calibration turn it back on.
 os.environ["PTD_AUTO_CALIBRATE"] = "0"
+
+
+def pytest_configure(config):
+    """In pytest-xdist's controller (``-n 2``, pyproject.toml): the folder of the locks by
+    which a test that times the machine runs alone (helpers.alone). The workers it starts
+    next inherit the variable."""
+    if getattr(config, "workerinput", None) is not None:
+        return
+    os.environ.pop("PTD_TEST_LOCKS", None)  # one from a pytest that started this one
+    if getattr(config.option, "numprocesses", 0):
+        config._ptd_locks = tempfile.mkdtemp(prefix="ptd-test-locks-")
+        os.environ["PTD_TEST_LOCKS"] = config._ptd_locks
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_ptd_locks", None):
+        shutil.rmtree(config._ptd_locks, True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with helpers.shared_turn():  # setup, call and teardown (module fixtures set up inside)
+        yield
 
 
 @pytest.fixture

@@ -3,12 +3,14 @@ another: what two of them need is here."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from pytest import approx as _approx
 
@@ -234,3 +236,52 @@ def assert_same_run(run: Path, ref: Path, params_rel: float = 1e-5) -> None:
     assert lb[-1] < lb[0] - 0.3
     pb, ib = params(ref), params(ref, "init")
     assert any(not torch.equal(pb[k], ib[k]) for k in pb)
+
+
+# ----------------------------------------------------------------- tests that time the machine
+# The suite runs in two pytest-xdist workers (pyproject.toml: two cores, and one worker left
+# them ~30% idle while processes started). A test that times this machine against itself
+# must not share the cores with the other worker's training runs, so the two workers take
+# turns through two file locks in a folder conftest.py makes (PTD_TEST_LOCKS; absent when
+# pytest runs in one process, and then nothing here waits):
+#   every test holds "main" shared for its setup, call and teardown;
+#   ``alone()`` holds "main" exclusively -- the other worker's running test ends first --
+#   and holds "gate" exclusively too, which a test must pass (shared) before it takes "main",
+#   so that the other worker's next test waits instead of overtaking it.
+_FDS: dict[str, int] = {}
+
+
+def _flock(name: str, how: int) -> None:
+    folder = os.environ.get("PTD_TEST_LOCKS")
+    if not folder:
+        return
+    if name not in _FDS:
+        _FDS[name] = os.open(os.path.join(folder, name), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(_FDS[name], how)
+
+
+@contextlib.contextmanager
+def shared_turn() -> Iterator[None]:
+    """Around each test (conftest.py's ``pytest_runtest_protocol``)."""
+    _flock("gate", fcntl.LOCK_SH)  # waits while an alone() of the other worker runs
+    _flock("main", fcntl.LOCK_SH)
+    _flock("gate", fcntl.LOCK_UN)
+    try:
+        yield
+    finally:
+        _flock("main", fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def alone() -> Iterator[None]:
+    """``with alone():`` -- nothing of the other pytest worker runs inside (see above)."""
+    # main is let go before waiting at the gate: were both workers to enter alone() at
+    # once, each would otherwise hold what the other waits for
+    _flock("main", fcntl.LOCK_UN)
+    _flock("gate", fcntl.LOCK_EX)
+    _flock("main", fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        _flock("main", fcntl.LOCK_SH)  # back to the test's shared hold, still behind the gate
+        _flock("gate", fcntl.LOCK_UN)

@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from helpers import alone
 from ptd.runtime.calibrate.fit import fit_linear
 from ptd.runtime.calibrate.profile import attention_flops, profile_table, summarize
 from ptd.runtime.calibrate.workers import make_plan, stage_labels
@@ -250,10 +251,10 @@ def test_bad_input_is_one_line_and_exit_2(ptd_cli, argv, tmp_path, monkeypatch):
 def calibrated(tmp_path_factory):
     home = tmp_path_factory.mktemp("ptdhome")
     env = dict(os.environ, PTD_HOME=str(home))
-    p = subprocess.run([sys.executable, "-m", "ptd", "calibrate", "--quick", "--workers", "1,2",
-                        "--name", "testbox", "--model", "tiny", "--tokens", "64", "--json"],
-                       capture_output=True, text=True,
-                       env=env, timeout=150)
+    with alone():  # (its tests compare rates timed seconds apart: no other test runs beside)
+        p = subprocess.run([sys.executable, "-m", "ptd", "calibrate", "--quick", "--workers",
+                            "1,2", "--name", "testbox", "--model", "tiny", "--tokens", "64",
+                            "--json"], capture_output=True, text=True, env=env, timeout=150)
     assert p.returncode == 0, p.stderr[-3000:]
     return home, json.loads(p.stdout), p.stderr
 

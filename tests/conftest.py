@@ -40,6 +40,21 @@ def pytest_unconfigure(config):
         shutil.rmtree(config._ptd_locks, True)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Modules with the most multi-process tests first (the order within a module kept).
+    pytest-xdist hands each worker whole modules in this order (``--no-loadscope-reorder``),
+    so the long ones start early and the quick ones fill the end; by default it would order
+    modules by their number of tests, and the last long module ran with the other worker
+    idle (~2.5 min, 2026-11-28)."""
+    def module(item):
+        return getattr(getattr(item, "module", None), "__name__", "")
+    heavy: dict[str, int] = {}
+    for item in items:
+        if item.get_closest_marker("dist"):
+            heavy[module(item)] = heavy.get(module(item), 0) + 1
+    items.sort(key=lambda item: -heavy.get(module(item), 0))  # (a stable sort)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     with helpers.shared_turn():  # setup, call and teardown (module fixtures set up inside)

@@ -54,6 +54,12 @@ def test_bench_scaling_reduced_grid(tmp_path):
         assert mem[("zero3", 2)][k] * 2 == pytest.approx(mem[("ddp", 2)][k], rel=0.02)
         assert mem[("zero3", 2)][k] == mem[("zero3", 2)][k + "_pred"]
     assert {a["strategy"] for a in data["measured"]["amdahl"]} == {"ddp", "zero3", "pp"}
+    # the agreement line counts 4 layouts (one worker, dp 2, ZeRO-3 over 2, pp 2); its level is
+    # the one-worker row's measured / predicted step
+    ag = data["measured"]["agreement"]
+    assert ag["layouts"] == 4 and 0 <= ag["within"] <= 4 and 0 <= ag["within_after_level"] <= 4
+    assert ag["level"] == pytest.approx(rows[("ddp", 1)]["step_s"] / rows[("ddp", 1)]["step_s_pred"])
+    assert "of 4 layouts within 15%" in r.stdout
     assert {(x["strategy"], x["n"]) for x in data["cluster"]["speedup"]} >= {("ddp", 8), ("ddp", 64)}
     with open(out / "speedup.csv") as f:
         assert len(list(csv.DictReader(f))) == 6
@@ -112,6 +118,39 @@ def test_rounds_run_the_grid_round_after_round_and_keep_each_rows_median(monkeyp
     line = next(ln for ln in text.splitlines() if ln.startswith("ddp") and " 2 " in ln
                 and "1.80" in ln)
     assert line.split()[-1] == "1.20"  # the median round's ratio, 0.6 / 0.5
+
+
+def test_agreement_counts_layouts_within_15_percent_before_and_after_the_one_worker_level(
+        monkeypatch, tmp_path):
+    from ptd.bench import scaling as S
+    # (measured, predicted) step per run folder, by hand: one worker 0.6 / 0.5 = 1.2 (the
+    # level); dp 2 0.36 / 0.3 = 1.2, tp 2 0.5 / 0.3 = 1.667, pp 2 0.27 / 0.25 = 1.08
+    steps = {"n1-dp1-tp1-pp1-z0": (0.6, 0.5), "n2-dp2-tp1-pp1-z0": (0.36, 0.3),
+             "n2-dp1-tp2-pp1-z0": (0.5, 0.3), "n2-dp1-tp1-pp2-z0": (0.27, 0.25)}
+
+    def fake(folder, flags, timeout):
+        m, p = steps[folder.name]
+        return {"measured": {"step_time_s": m, "tokens_per_s": 1 / m, "mfu": 0.1},
+                "predicted": {"step_time_s": p, "tokens_per_s": 1 / p, "mfu": 0.1},
+                "plan_desc": folder.name}
+    monkeypatch.setattr(S, "train_subprocess", fake)
+    data = S.measure(tmp_path, model="tiny", seq_len=8, global_batch=4, steps=5, workers=[1, 2],
+                     strategies=["ddp", "tp", "pp"], hardware=None, run_timeout=10,
+                     log=lambda *a: None)
+    ag = S.tables(data, ["ddp", "tp", "pp"], [1, 2])["agreement"]
+    # four layouts (one worker once, not once per strategy); within 15%: pp's 1.08 alone.
+    # Divided by 1.2: 1.0, 1.0, 1.389, 0.9 -- all but tp's
+    assert (ag["layouts"], ag["within"], ag["within_after_level"]) == (4, 1, 3)
+    assert ag["level"] == pytest.approx(1.2)
+    assert ag["worst"] == pytest.approx(0.5 / 0.3)
+    assert ag["worst_after_level"] == pytest.approx(0.5 / 0.3 / 1.2)
+    text = S.render(S.tables(data, ["ddp", "tp", "pp"], [1, 2]), None)
+    assert "1 of 4 layouts within 15% (worst 1.67); one worker 1.20" in text
+    assert "3 of 4 within 15% (worst 1.39)" in text
+    # no one-worker row: no level to divide by, and no line
+    data["rows"] = [r for r in data["rows"] if r["n"] == 2]
+    assert S.agreement(data["rows"]) is None
+    assert "layouts within" not in S.render(S.tables(data, ["ddp", "tp", "pp"], [2]), None)
 
 
 def test_a_failed_round_stands_for_its_row():

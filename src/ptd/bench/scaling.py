@@ -194,7 +194,38 @@ def tables(data: dict[str, Any], strategies: Iterable[str], workers: list[int]) 
         (pm, why), (pp_, why_pred) = amdahl_fit(sm), amdahl_fit(sp)
         res["amdahl"].append({"strategy": strat, "P": pm, "P_pred": pp_, "P_why": why,
                               "P_pred_why": why_pred})
+    res["agreement"] = agreement(data["rows"])
     return res
+
+
+TOLERANCE = 0.15
+"""How far a row's measured step may be from its prediction and count as agreeing (the
+criterion of the cost model's issue on this machine: every row within 15%)."""
+
+
+def agreement(rows: list[dict[str, Any]], tol: float = TOLERANCE) -> dict[str, Any] | None:
+    """How many of the grid's layouts (each counted once: one worker is every strategy's
+    first row) ran within ``tol`` of their predicted step; and, divided by the one-worker
+    row's measured / predicted step (the *level*: how fast the machine ran against the
+    calibration the prediction used), how many then do (the *shape*: whether the cost model
+    orders and spaces the layouts right, whatever the machine's speed at the moment). A row
+    divided by the level is its predicted speedup over its measured speedup. ``None``
+    without a one-worker row or any other."""
+    ratio: dict[tuple, float] = {}
+    for r in rows:
+        s = r["summary"]
+        if "error" not in s:
+            ratio[(r["n"], *r["layout"])] = s["measured"]["step_time_s"] / s["predicted"]["step_time_s"]
+    level = ratio.get((1, 1, 1, 1, 0))
+    if level is None or len(ratio) < 2:
+        return None
+    shape = {k: v / level for k, v in ratio.items()}
+    def within(d: dict) -> int:
+        return sum(abs(v - 1) <= tol for v in d.values())
+    return {"tolerance": tol, "layouts": len(ratio), "within": within(ratio), "level": level,
+            "within_after_level": within(shape),
+            "worst": max(ratio.items(), key=lambda kv: abs(kv[1] - 1))[1],
+            "worst_after_level": max(shape.items(), key=lambda kv: abs(kv[1] - 1))[1]}
 
 
 # ------------------------------------------------------------------ cluster
@@ -267,6 +298,15 @@ def render(res: dict[str, Any], cl: dict[str, Any] | None) -> str:
             for r in res["speedup"]]
     lines.append(table(rows, header=("strategy", "N", "plan", "step", "pred", "speedup", "pred",
                                      "efficiency", "pred", "MFU", "pred"), align="lrlrrrrrrrr"))
+    ag = res.get("agreement")
+    if ag:
+        tol = f"{ag['tolerance']:.0%}"
+        lines += ["", f"step time measured / predicted: {ag['within']} of {ag['layouts']} layouts "
+                  f"within {tol} (worst {f2(ag['worst'])}); one worker {f2(ag['level'])}, how fast "
+                  "the machine ran against its calibration;",
+                  f"each row divided by that (its predicted over its measured speedup): "
+                  f"{ag['within_after_level']} of {ag['layouts']} within {tol} (worst "
+                  f"{f2(ag['worst_after_level'])}), how well the cost model spaces the layouts"]
     per_round = [r for r in res["speedup"] if r.get("ratio_rounds")]
     if per_round:
         k = len(per_round[0]["ratio_rounds"])

@@ -110,10 +110,16 @@ def test_plan_rules():
     assert case_plan(_case(plan={"zero": "2 (MegaScale Fig.1)"}), model)[0].zero == 2
     assert case_plan(_case(), model)[0].recompute == "selective"
     assert case_plan(_case(notes="Mixed precision fp16; end-to-end"), model)[0].dtype == "fp16"
-    with pytest.raises(PtdError, match="context parallelism"):
-        case_plan(_case(plan={"cp": 16}), model)
-    with pytest.raises(PtdError, match="is not the 64 GPUs"):
+    assert case_plan(_case(plan={"cp": None}), model)[0].cp == 1
+    # context parallelism takes its share of the GPUs: dp 32 x cp 2 on 64
+    cp2 = case_plan(_case(plan={"dp": 32, "cp": 2}), model)[0]
+    assert (cp2.dp, cp2.cp, cp2.world_size) == (32, 2, 64)
+    with pytest.raises(PtdError, match=r"tp x pp x dp x cp = 128 is not the 64 GPUs"):
+        case_plan(_case(plan={"cp": 2}), model)
+    with pytest.raises(PtdError, match=r"tp x pp x dp = 32 is not the 64 GPUs"):
         case_plan(_case(plan={"dp": 32}), model)
+    with pytest.raises(PtdError, match="plan.cp must be a positive whole number"):
+        case_plan(_case(plan={"cp": 0}), model)
 
 
 def test_stack_rule():
@@ -138,12 +144,23 @@ def test_stack_rule():
 
 
 def test_unpriceable_cases_are_error_rows_with_the_reason():
-    rows = [price(_case(hardware={"gpu": "TPU v4"})), price(_case(plan={"cp": 2})), price(_case())]
+    rows = [price(_case(hardware={"gpu": "TPU v4"})), price(_case(plan={"dp": 32})), price(_case())]
     assert "no hardware preset" in rows[0].error and rows[0].rel_error is None
-    assert "context parallelism" in rows[1].error
+    assert "is not the 64 GPUs" in rows[1].error
     assert rows[2].error == "" and rows[2].metric == "mfu" and rows[2].predicted > 0
     s = summarize(rows)
     assert s["overall"]["cases"] == 1 and s["overall"]["errors"] == 2
+
+
+def test_context_parallel_cases_are_priced_with_cp():
+    # Llama 3 405B's long-context row is the kind of case this is for: cp takes GPUs from dp
+    r = price(_case(model={"seq_len": 32768}, plan={"dp": 16, "cp": 4, "global_batch": 16}))
+    assert r.error == "" and "cp4" in r.plan and 0 < r.predicted < 1
+    # the same 32k-token sequences whole on each GPU do not fit: selective recompute keeps
+    # ~34 bytes per token and hidden unit a layer (Korthikanti et al. 2022),
+    # 32768 x 4096 x 34 B x 32 layers ~ 146 GB against 80
+    r1 = price(_case(model={"seq_len": 32768}, plan={"dp": 64, "cp": 1, "global_batch": 64}))
+    assert r1.error.startswith("does not fit")
 
 
 def test_summary_quantiles_by_hand():

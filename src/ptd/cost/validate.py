@@ -25,7 +25,9 @@ reason, never skipped.
   states, ZeRO-1); otherwise 0. ``recompute``: ``full``, ``selective`` or ``none`` when the
   text starts with one of them, else unstated. ``micro_batch``, ``vpp``, ``recompute``,
   ``sequence_parallel`` left null or unstated are chosen by the cost model as
-  ``ptd estimate`` chooses them (the fastest that fits). Precision: fp16 when the notes say
+  ``ptd estimate`` chooses them (the fastest that fits). ``cp`` (null: 1) is context
+  parallelism as ptd prices it (:mod:`ptd.cost.context`: zig-zag chunks, K/V around a
+  ring); ``tp x pp x dp x cp`` must be the case's GPUs. Precision: fp16 when the notes say
   fp16, else bf16 (the same peak on these GPUs).
 * *Stack.* An optional ``stack`` field, else from the ``source`` text (or, when the source
   names no project, the ``notes``): a Megatron-LM paper or
@@ -222,11 +224,10 @@ def _recompute(v: Any) -> str | None:
 def case_plan(c: dict[str, Any], model: ModelSpec) -> tuple[ParallelPlan, list[str]]:
     """The published plan and the knobs left for the cost model to choose."""
     p = c["plan"]
-    if p.get("cp") not in (None, 1):
-        raise PtdError(f"context parallelism (cp {p['cp']}) is not priced by this cost model")
     free = ["schedule"]
     kw: dict[str, Any] = dict(
         tp=_int(p["tp"], "plan.tp"), pp=_int(p["pp"], "plan.pp"), dp=_int(p["dp"], "plan.dp"),
+        cp=1 if p.get("cp") is None else _int(p["cp"], "plan.cp"),
         global_batch=_int(p["global_batch"], "plan.global_batch"), seq_len=model.max_seq_len,
         zero=_zero(p.get("zero")),
         dtype="fp16" if re.search(r"\bfp16\b|float16", str(c.get("notes", ""))) else "bf16")
@@ -250,9 +251,10 @@ def case_plan(c: dict[str, Any], model: ModelSpec) -> tuple[ParallelPlan, list[s
         kw["schedule"] = "interleaved-1f1b"
         free.remove("schedule")
     n = c["hardware"]["gpus_total"]
-    if kw["tp"] * kw["pp"] * kw["dp"] != n:
-        raise PtdError(f"tp x pp x dp = {kw['tp'] * kw['pp'] * kw['dp']} is not the "
-                       f"{n} GPUs of the case")
+    ranks = kw["tp"] * kw["pp"] * kw["dp"] * kw["cp"]
+    if ranks != n:
+        cp = " x cp" if kw["cp"] > 1 else ""
+        raise PtdError(f"tp x pp x dp{cp} = {ranks} is not the {n} GPUs of the case")
     return ParallelPlan(**kw), [k for k in FREE_KNOBS if k in free]
 
 

@@ -153,8 +153,22 @@ def test_stack_from_the_source_and_its_years():
     s = lambda **kw: V.case_stack(case(**kw))  # noqa: E731
     assert s(stack="torchtitan") == "torchtitan"
     assert s(source="Megatron-LM 2022 paper") == "megatron-2021"  # 2022 or earlier
-    assert s(source="Megatron-LM 2023 release") == "megatron-core"
     assert s(source="Megatron-LM docs") == "megatron-core"  # no year
+    assert s(source="Megatron-LM 2025 release") == "megatron-core"
+    assert s(source="Megatron-LM 2023, 2025 releases") == "megatron-core"  # the latest year
+    # 2023-24: Megatron-LM's defaults (the 2021 kernels) unless the case names the options
+    assert s(source="Megatron-LM 2023 release") == "megatron-2021"
+    assert s(source="Megatron-LM 2022, 2024 releases") == "megatron-2021"  # min year rules first
+    assert s(source="Megatron-LM 2024", notes="--overlap-grad-reduce") == "megatron-core"
+    assert s(source="Megatron-LM 2024", notes="--tp-comm-overlap on") == "megatron-core"
+    assert s(source="Megatron-LM 2024", notes="--overlap-param-gather") == "megatron-core"
+    assert s(source="NVIDIA Megatron-Core 2024") == "megatron-core"
+    assert s(source="Megatron-LM 2023 with Transformer Engine") == "megatron-core"
+    assert s(source="Megatron-LM 2023", notes="FlashAttention-2") == "megatron-core"
+    assert s(source="Megatron-LM 2023", notes="mcore GPT model") == "megatron-core"
+    # the evidence may sit in the source when the notes name the project
+    assert s(source="Someone 2024, flash attention", notes="Megatron-LM baseline") == "megatron-core"
+    assert s(source="Someone 2024", notes="Megatron-LM baseline (commit x)") == "megatron-2021"
     assert s(source="DeepSpeed 2020, 2021 blog") == "deepspeed-2021"
     assert s(source="DeepSpeed 2021, 2022 blog") == "deepspeed"
     assert s(source="DeepSpeed docs") == "deepspeed"

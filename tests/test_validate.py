@@ -124,9 +124,12 @@ def test_plan_rules():
 
 def test_stack_rule():
     assert case_stack(_case(source="Narayanan et al. 2021, Megatron-LM, SC21")) == "megatron-2021"
-    assert case_stack(_case(source="NVIDIA/Megatron-LM README 2024")) == "megatron-core"
+    assert case_stack(_case(source="NVIDIA/Megatron-LM README 2024; Megatron-Core r0.8.0")) == \
+        "megatron-core"
+    # a Megatron-LM run of 2023-24 that names none of the options Megatron-Core's stack
+    # prices ran Megatron-LM's defaults then: local attention, no gradient-reduction overlap
     assert case_stack(_case(source="Jiang et al. 2024, MegaScale",
-                            notes="Megatron-LM baseline (commit x)")) == "megatron-core"
+                            notes="Megatron-LM baseline (commit x)")) == "megatron-2021"
     assert case_stack(_case(source="pytorch/torchtitan docs")) == "torchtitan"
     assert case_stack(_case(source="PyTorch blog, FSDP")) == "ptd"
     assert case_stack(_case(stack="deepspeed")) == "deepspeed"

@@ -67,7 +67,11 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           "gradient all-reduce after the backward pass (overlap came with "
           "--overlap-grad-reduce, NVIDIA/Megatron-LM#391, 2023), full recompute re-runs the "
           "block's forward, fused QKV / MLP-input projections (one all-reduce each); "
-          "pipeline schedules 1F1B and interleaved 1F1B (the paper's section 2.2)."),
+          "pipeline schedules 1F1B and interleaved 1F1B (the paper's section 2.2). "
+          "Megatron-LM's defaults kept these kernels until 2024: flash attention an opt-in "
+          "flag from 2023-01 (commit 285068c8), gradient-reduction overlap an opt-in flag "
+          "from 2023-09 (2d5220a424), Transformer Engine the default from 2024-04 "
+          "(e7b74a4b7e)."),
     Stack("megatron-core", "flash", True, False, False, ("1f1b", "interleaved-1f1b"),
           "Megatron-Core (NVIDIA/Megatron-LM README 2024, performance table run with "
           "--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap): Transformer "

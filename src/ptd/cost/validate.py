@@ -32,7 +32,11 @@ reason, never skipped.
 * *Stack.* An optional ``stack`` field, else from the ``source`` text (or, when the source
   names no project, the ``notes``): a Megatron-LM paper or
   Megatron-DeepSpeed run of 2022 or earlier -> ``megatron-2021``; Megatron-LM / Megatron-Core
-  later -> ``megatron-core``; torchtitan -> ``torchtitan``; DeepSpeed (Megatron-DeepSpeed
+  later -> ``megatron-core`` where the source or notes name Megatron-Core, Transformer Engine,
+  flash attention or one of the overlap options, or date it 2025 or later (or not at all);
+  a Megatron-LM run of 2023-24 naming none of them ran Megatron-LM's defaults of that time,
+  the 2021 kernels (local attention until 2024-04; no gradient-reduction overlap by default)
+  -> ``megatron-2021``; torchtitan -> ``torchtitan``; DeepSpeed (Megatron-DeepSpeed
   included, checked first) -> ``deepspeed``, or ``deepspeed-2021`` when every year in the
   source is 2021 or earlier; otherwise ``ptd`` (PyTorch FSDP/DDP). Megatron-LM had no ZeRO
   stage before 2022, so a ``megatron-2021`` case whose plan has a ZeRO stage takes the
@@ -265,22 +269,35 @@ def case_stack(c: dict[str, Any]) -> str:
     src, notes = str(c.get("source", "")), str(c.get("notes", ""))
     years = [int(y) for y in re.findall(r"\b(20\d\d)\b", src)]
     text = src if re.search(r"megatron|torchtitan|deepspeed", src, re.I) else notes
-    stack = _named_stack(text, years)
+    stack = _named_stack(text, years, f"{src} {notes}")
     # Megatron-LM had no ZeRO stage before its distributed optimizer (2022): a ZeRO case
     # from a paper of that era ran on the engine its notes name
     zero = str((c.get("plan") or {}).get("zero", "0")).strip()
     if stack == "megatron-2021" and zero[:1] in ("1", "2", "3"):
-        other = _named_stack(notes, years)
+        other = _named_stack(notes, years, f"{src} {notes}")
         if other != "ptd":
             return other
     return stack
 
 
-def _named_stack(text: str, years: list[int]) -> str:
+# What marks a Megatron-LM run as using the options the ``megatron-core`` stack prices:
+# none of them was on by default before April 2024 (NVIDIA/Megatron-LM: ``--use-flash-attn``
+# a store_true flag from 285068c8, 2023-01-11; ``--overlap-grad-reduce`` from 2d5220a424,
+# 2023-09-05, off by default; ``--transformer-impl`` defaulting to ``local`` until
+# e7b74a4b7e, 2024-04-03, which made Transformer Engine the default)
+_CORE_EVIDENCE = re.compile(r"megatron[- ]core|\bmcore\b|transformer[- ]engine|flash[- ]?att|"
+                            r"--overlap-grad-reduce|--overlap-param-gather|--tp-comm-overlap", re.I)
+
+
+def _named_stack(text: str, years: list[int], evidence: str = "") -> str:
     if re.search(r"deepspeed", text, re.I):  # Megatron-DeepSpeed runs on DeepSpeed's engine
         return "deepspeed-2021" if years and max(years) <= 2021 else "deepspeed"
     if re.search(r"megatron", text, re.I):
-        return "megatron-2021" if years and min(years) <= 2022 else "megatron-core"
+        if years and min(years) <= 2022:
+            return "megatron-2021"
+        if _CORE_EVIDENCE.search(evidence or text) or not years or max(years) >= 2025:
+            return "megatron-core"
+        return "megatron-2021"  # Megatron-LM's defaults of 2023-24: the 2021 kernels
     if re.search(r"torchtitan", text, re.I):
         return "torchtitan"
     return "ptd"

@@ -182,6 +182,9 @@ def test_stack_from_the_source_and_its_years():
     assert s(source=sc21, notes="via torchtitan", plan={"zero": 3}) == "torchtitan"
     assert s(source=sc21, notes="plain", plan={"zero": 3}) == "megatron-2021"
     assert s(source=sc21, notes="via DeepSpeed", plan={"zero": "0"}) == "megatron-2021"
+    # a Megatron-LM run of 2023-24 had the distributed optimizer: its ZeRO stage stays there
+    assert s(source="Megatron-LM 2023", notes="ZeRO-2 as in DeepSpeed",
+             plan={"zero": 2}) == "megatron-2021"
 
 
 # --------------------------------------------------------------- results rows

@@ -271,9 +271,10 @@ def case_stack(c: dict[str, Any]) -> str:
     text = src if re.search(r"megatron|torchtitan|deepspeed", src, re.I) else notes
     stack = _named_stack(text, years, f"{src} {notes}")
     # Megatron-LM had no ZeRO stage before its distributed optimizer (2022): a ZeRO case
-    # from a paper of that era ran on the engine its notes name
+    # from a paper of that era ran on the engine its notes name (a later Megatron-LM run
+    # with the 2021 kernels had the distributed optimizer itself)
     zero = str((c.get("plan") or {}).get("zero", "0")).strip()
-    if stack == "megatron-2021" and zero[:1] in ("1", "2", "3"):
+    if stack == "megatron-2021" and zero[:1] in ("1", "2", "3") and years and min(years) <= 2022:
         other = _named_stack(notes, years, f"{src} {notes}")
         if other != "ptd":
             return other

@@ -39,8 +39,8 @@ reason, never skipped.
   -> ``megatron-2021``; torchtitan -> ``torchtitan``; DeepSpeed (Megatron-DeepSpeed
   included, checked first) -> ``deepspeed``, or ``deepspeed-2021`` when every year in the
   source is 2021 or earlier; otherwise ``ptd`` (PyTorch FSDP/DDP). Megatron-LM had no ZeRO
-  stage before 2022, so a ``megatron-2021`` case whose plan has a ZeRO stage takes the
-  stack its notes name, if they name one. See :mod:`ptd.cost.stacks`.
+  stage before 2022, so a ``megatron-2021`` case of 2022 or earlier whose plan has a ZeRO
+  stage takes the stack its notes name, if they name one. See :mod:`ptd.cost.stacks`.
 * *Pipeline split.* Layers that the stages do not divide are split unevenly by cost (as
   Megatron-LM states first- and last-stage layer counts).
 * *The published figure.* ``mfu`` when given (compared with ptd's MFU), else ``hfu`` (ptd's

@@ -86,7 +86,6 @@ def measured_rows(key):
     out = []
     for k, v in rows.items():
         n, dp, tp, pp, z = (int(x[2:] if x.startswith(("dp", "tp", "pp")) else x[1:]) for x in k.split("-"))
-        strat = {(1, 1, 1, 0): "ddp"}.get((dp, tp, pp, z))
         out.append((_lay(n, dp, tp, pp, z), st.median(v)))
     return out
 

@@ -97,12 +97,20 @@ def test_block_time_prices_the_eager_bytes_at_the_bandwidth():
     assert ac.backward - fused.backward == pytest.approx((b - 2 * fused_bytes(8)) / 1e6)
     of, ob = output_time(TINY, hw, 8, 1, "bf16", 1e30, elementwise="autocast", **kw)
     ff, fb = output_time(TINY, hw, 8, 1, "bf16", 1e30, **kw)
-    # the fused count: half of five fp32 passes over the logits each way, the norm's bf16
-    # read and write (twice in the backward)
-    loss, norm = 0.5 * 5 * 4 * 8 * 128, 2 * 2 * 8 * 4
+    # the fused count, Megatron-LM's vocab-parallel cross-entropy over the 8 x 128 logits:
+    # forward cast to fp32 (2 + 4), max (4), subtract (4 + 4), exp (4 + 4), sum (4), divide
+    # (4 + 4) = 38; backward product with the loss gradient (4 + 4), cast back (4 + 2) = 14;
+    # the norm's bf16 read and write (twice in the backward)
+    loss_f, loss_b, norm = 38 * 8 * 128, 14 * 8 * 128, 2 * 2 * 8 * 4
     ef, eb = E.output_bytes(TINY, 8, 1, "bf16", "autocast", composite_norm=True)
-    assert of - ff == pytest.approx((ef - loss - norm) / 1e6)
-    assert ob - fb == pytest.approx((eb - loss - 2 * norm) / 1e6)
+    assert of - ff == pytest.approx((ef - loss_f - norm) / 1e6)
+    assert ob - fb == pytest.approx((eb - loss_b - 2 * norm) / 1e6)
+    # fp32 logits: no casts, 32 and 8; beside them the output product's own bytes at this
+    # unbounded rate (input 8 x 4, weight 4 x 128, logits 8 x 128; twice in the backward)
+    of32, ob32 = output_time(TINY, hw, 8, 1, "fp32", 1e30, **kw)
+    norm32, mm = 2 * 4 * 8 * 4, 4 * (8 * 4 + 4 * 128 + 8 * 128)
+    assert of32 == pytest.approx((32 * 8 * 128 + norm32 + mm) / 1e6)
+    assert ob32 == pytest.approx((8 * 8 * 128 + 2 * norm32 + 2 * mm) / 1e6)
 
 
 def test_rms_norm_run_as_operators_by_hand():

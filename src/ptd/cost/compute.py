@@ -484,24 +484,44 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
                      routed_forward=routed)
 
 
+def megatron_ce_bytes(act_bytes: int) -> tuple[int, int]:
+    """Bytes per local logit (forward, backward) of Megatron-LM's vocab-parallel cross-entropy
+by the logits' element size, the path of every stack with ``fused`` elementwise kernels
+(Megatron-LM and its DeepSpeed fork; opt-in fusion only from 2024-06, NVIDIA/Megatron-LM
+7b4a6d76c9 ``--cross-entropy-loss-fusion``). Counted from ``megatron/mpu/cross_entropy.py``
+(2021) and ``megatron/core/tensor_parallel/cross_entropy.py`` (r0.8.0, 2024), which run the
+same passes over the ``[s, b, V/t]`` logits: a cast of 16-bit logits to fp32 (read 2,
+write 4; ``output.float()`` in 2021, ``.float()`` inside the function in 2024), the row
+maximum (read 4), the in-place subtraction of it (4 + 4), the in-place exponential (4 + 4),
+the row sum (4), the in-place division into the softmax the backward keeps (4 + 4): 38.
+Backward: the in-place product with the loss gradient (4 + 4) and the gradient's cast back
+to 16 bits (4 + 2): 14 (the target entries' update touches one element a row). With fp32
+logits no cast runs: 32 and 8."""
+    cast = 0 if act_bytes == 4 else act_bytes + 4
+    return 32 + cast, 8 + cast
+
+
 def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype: str,
                 rate: float, bw: float | None = None, overhead: float | None = None,
                 dtensor_overhead: float = 0.0, sp: bool = False, elementwise: str = "fused"
                 ) -> tuple[float, float]:
     """(forward, backward) seconds of final norm, output layer and loss on the last stage.
-    The loss works in fp32 over the local vocabulary shard (log-softmax, gather, its
-    gradient: about five fp32 passes over ``s b V / t``). ``V`` is the padded vocabulary
+    The loss works in fp32 over the local vocabulary shard of ``N = s b V / t`` logits:
+    with ``elementwise`` ``fused`` (the Megatron-LM family) as Megatron's vocab-parallel
+    cross-entropy runs it (:func:`megatron_ce_bytes`), otherwise op by op
+    (:mod:`ptd.cost.eager`). ``V`` is the padded vocabulary
     (:meth:`ptd.specs.ModelSpec.padded_vocab`): padding columns are computed like the others."""
     ab = DTYPE_BYTES[dtype]
     bw = bw or hw.effective_memory_bandwidth
     overhead = hw.op_overhead if overhead is None else overhead
     v = model.padded_vocab(tp)
     g = Gemm(tokens, v / tp, model.hidden)
-    loss_bytes = 5 * 4 * tokens * v / tp
+    logits = tokens * v / tp
     norm_bytes = 2 * ab * tokens * model.hidden
     of, ob = output_ops(model)
     t_out = gemm_time(g, rate, bw, ab, hw, dtype)
-    t_f, t_b = (0.5 * loss_bytes + norm_bytes) / bw, (0.5 * loss_bytes + 2 * norm_bytes) / bw
+    ce_f, ce_b = (n * logits for n in megatron_ce_bytes(ab))
+    t_f, t_b = (ce_f + norm_bytes) / bw, (ce_b + 2 * norm_bytes) / bw
     if elementwise != "fused":  # op by op (see ptd.cost.eager)
         t_f, t_b = eager_time(EAGER.output_passes(model, tokens, tp, dtype, elementwise,
                                                   composite_norm=not hw.sm_count), bw,

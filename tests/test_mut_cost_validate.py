@@ -213,6 +213,26 @@ def test_the_published_figure_compared():
         V._compare({"mfu": -0.5}, est)
 
 
+def test_a_measurement_is_compared_before_a_flop_rate():
+    # 64 devices making 192,000 tokens/s in all: 3,000 a device; a 2.5 s step
+    est = SimpleNamespace(mfu=0.4, hfu=0.5, peak=989e12, tokens_per_s=192000.0, n_devices=64,
+                          step=SimpleNamespace(total=2.5))
+    assert V._compare({"mfu": 0.45, "tokens_per_s": 2904, "iter_time_s": 3.0}, est) == \
+        ("tokens_per_s", 2904.0, 3000.0)
+    assert V._compare({"mfu": 0.45, "tokens_per_s": None, "iter_time_s": 3.0}, est) == \
+        ("iter_time_s", 3.0, 2.5)
+    assert V._compare({"mfu": 0.45, "tokens_per_s": 0, "iter_time_s": False}, est) == \
+        ("mfu", 0.45, 0.4)
+    # the sign: too fast a prediction is positive for a rate and for a time alike
+    rate = V.CaseResult(id="a", source="s", metric="tokens_per_s", published=2904.0,
+                        predicted=3000.0)
+    time = V.CaseResult(id="a", source="s", metric="iter_time_s", published=3.0, predicted=2.5)
+    assert rate.rel_error == pytest.approx(3000 / 2904 - 1)
+    assert time.rel_error == pytest.approx(0.2)  # 3.0 / 2.5 - 1
+    # a case with a measurement alone is a case
+    assert V.FIGURES == ("tokens_per_s", "iter_time_s", "mfu", "hfu", "tflops_per_gpu")
+
+
 def test_source_key():
     k = lambda src: V.source_key({"source": src})  # noqa: E731
     assert k("Narayanan et al. 2021, Megatron-LM, SC21") == "Narayanan et al. 2021"
@@ -288,8 +308,11 @@ def test_cases_file_problems_are_one_message(tmp_path):
     f.write_text(TWO_CASES.replace("    measured: {mfu: 0.5}", "    measured: {mfu: null}"))
     with pytest.raises(PtdError) as e:
         V.load_cases(f)
-    assert str(e.value) == (f"cases file {str(f)!r}, case 1 (tpu): 'measured' needs mfu, hfu "
-                            f"or tflops_per_gpu")
+    assert str(e.value) == (f"cases file {str(f)!r}, case 1 (tpu): 'measured' needs one of "
+                            f"tokens_per_s, iter_time_s, mfu, hfu, tflops_per_gpu")
+    # a measured step time alone is a figure
+    f.write_text(TWO_CASES.replace("    measured: {mfu: 0.5}", "    measured: {iter_time_s: 2.0}"))
+    assert V.load_cases(f)[0]["measured"] == {"iter_time_s": 2.0}
     f.write_text(TWO_CASES.replace("    hardware: {gpu: H100 80GB, gpus_total: 8}",
                                    "    hardware: [H100]"))
     with pytest.raises(PtdError) as e:

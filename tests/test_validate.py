@@ -197,14 +197,26 @@ def test_validate_holds_the_issue_tolerances():
     assert s["p90"] <= 0.20
 
 
+def test_dropout_is_priced_only_where_a_case_states_it():
+    c = next(c for c in load_cases() if c["id"] == "megatron_h100_2024_16b")
+    assert case_model(c).dropout == 0.0
+    c = {**c, "model": {**c["model"], "dropout": 0.1}}
+    assert case_model(c).dropout == 0.1
+    # dropout's masks and passes make the same plan slower
+    assert price(c).predicted < price({**c, "model": {**c["model"], "dropout": 0}}).predicted
+    for bad in (1, -0.1, "0.1", True):
+        with pytest.raises(PtdError, match=r"^model.dropout must be a probability in \[0, 1\), got "):
+            case_model({**c, "model": {**c["model"], "dropout": bad}})
+
+
 def test_held_out_cases_load_and_are_all_priced():
     # docs/data/heldout/cases.yaml (validation.md quotes its table): the file stays valid
     # for the loader, and every case prices -- an error row there would be quoted as a miss
     path = Path(__file__).resolve().parents[1] / "docs/data/heldout/cases.yaml"
     rows = [price(c) for c in load_cases(path)]
-    assert len(rows) == 14
+    assert len(rows) == 15
     assert [r.id for r in rows if r.error] == []
-    assert len({r.id for r in rows}) == 14
+    assert len({r.id for r in rows}) == 15
 
 
 @pytest.mark.parametrize("content,message", [

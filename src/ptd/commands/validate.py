@@ -2,8 +2,9 @@
 
 Every case of a cases file (default: the published runs shipped with ptd,
 ptd/data/published_cases.yaml) is priced with its published plan -- knobs the source left
-unstated chosen as `ptd estimate` chooses them -- on the stack it ran on, and its predicted
-MFU, HFU or TFLOP/s per GPU set beside the published figure. Then median, p90 and max
+unstated chosen as `ptd estimate` chooses them -- on the stack it ran on, and its prediction
+set beside the published figure: the measured tokens/s per GPU or step time where the case
+gives one, else its MFU, HFU or TFLOP/s per GPU. Then median, p90 and max
 |error| per source and overall. A case that cannot be priced is an error row with the
 reason. The rules that read a case are in ptd.cost.validate.
 
@@ -29,6 +30,11 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print rows and summary as JSON")
 
 
+_FORMATS = {"tflops_per_gpu": lambda v: f"{v:.1f}", "tokens_per_s": lambda v: f"{v:,.0f}",
+            "iter_time_s": lambda v: f"{v:.2f} s"}
+"""How a published figure prints; MFU and HFU as percentages."""
+
+
 def run(a: argparse.Namespace) -> int:
     from ..cost.validate import load_cases, price, summarize
     from ..fmt import table
@@ -42,7 +48,7 @@ def run(a: argparse.Namespace) -> int:
         if r.error:
             body.append([r.id, r.stack, r.plan or "-", "-", "-", "-", f"error: {r.error}"])
             continue
-        fmt = (lambda v: f"{v:.1f}") if r.metric == "tflops_per_gpu" else (lambda v: f"{v:.1%}")
+        fmt = _FORMATS.get(r.metric, lambda v: f"{v:.1%}")
         body.append([r.id, r.stack, r.plan, r.metric, fmt(r.published), fmt(r.predicted),
                      f"{r.rel_error:+.1%}"])
     print(table(body, ["case", "stack", "plan (chosen knobs filled in)", "metric", "published",

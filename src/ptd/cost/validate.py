@@ -14,7 +14,8 @@ reason, never skipped.
   parameter count ``params_b``, not the block's kind. Of the candidates {GELU MLP with
   LayerNorm and learned positions (GPT), SwiGLU with RMSNorm and RoPE (Llama)} x {every
   key/value head count dividing ``heads``}, the one whose parameter count is nearest to
-  ``params_b`` is used (optional fields ``mlp`` and ``kv_heads`` override it).
+  ``params_b`` is used (optional fields ``mlp`` and ``kv_heads`` override it). Dropout is
+  priced only where the optional ``dropout`` field states it (a probability), else none.
 * *Hardware.* The ``gpu`` text names the preset (``H100`` -> ``h100-sxm``, ``A100`` ->
   ``a100-80g``, or ``a100-40g`` when it says 40GB); ``gpus_per_node`` sets the node size. A
   network rate in the text (``8x200Gb/s ... per node``, ``800Gbps inter-node``, ``400 Gb/s
@@ -43,11 +44,16 @@ reason, never skipped.
   stage takes the stack its notes name, if they name one. See :mod:`ptd.cost.stacks`.
 * *Pipeline split.* Layers that the stages do not divide are split unevenly by cost (as
   Megatron-LM states first- and last-stage layer counts).
-* *The published figure.* ``mfu`` when given (compared with ptd's MFU), else ``hfu`` (ptd's
-  HFU, recomputation counted), else ``tflops_per_gpu`` (ptd's hardware FLOP rate: for
-  GPT-shaped models ptd's count is exactly Narayanan et al. 2021 eq. 3, the convention of the
-  sources that give bare TFLOP/s). The figure is a FLOP count over the measured step time, so
-  the error is, up to the FLOP convention, ``T_measured / T_predicted - 1``.
+* *The published figure.* What was measured, where the case gives it: ``tokens_per_s`` (per
+  GPU, compared with ptd's), else ``iter_time_s`` (the step time; the error is
+  ``T_measured / T_predicted - 1``, positive when the model is too fast, like the rates').
+  Otherwise a rate derived from the step time through the source's FLOP count: ``mfu``
+  (compared with ptd's MFU), else ``hfu`` (ptd's HFU, recomputation counted), else
+  ``tflops_per_gpu`` (ptd's hardware FLOP rate: for GPT-shaped models ptd's count is exactly
+  Narayanan et al. 2021 eq. 3, the convention of the sources that give bare TFLOP/s). A FLOP
+  rate compares step times only where the source counted FLOPs as ptd does; sources differ
+  (torchtitan's MFU counts the embedding's parameters in ``6N``, ptd's does not: 6.5% more
+  FLOPs for Llama 3 8B), which is why a measured time or throughput is preferred.
 """
 
 from __future__ import annotations
@@ -71,6 +77,8 @@ _REQUIRED = {"model": ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_
              "hardware": ("gpu", "gpus_total"),
              "plan": ("tp", "pp", "dp", "global_batch"),
              "measured": ()}
+FIGURES = ("tokens_per_s", "iter_time_s", "mfu", "hfu", "tflops_per_gpu")
+"""Published figures in the order compared: measurements first, then FLOP rates."""
 
 
 @dataclass
@@ -80,7 +88,8 @@ class CaseResult:
     id: str
     source: str
     metric: str = ""
-    """``mfu``, ``hfu`` or ``tflops_per_gpu``: the published figure compared."""
+    """``tokens_per_s``, ``iter_time_s``, ``mfu``, ``hfu`` or ``tflops_per_gpu``: the
+    published figure compared."""
     published: float | None = None
     predicted: float | None = None
     stack: str = ""
@@ -91,9 +100,12 @@ class CaseResult:
 
     @property
     def rel_error(self) -> float | None:
-        """predicted / published - 1 (positive: the model is optimistic)."""
+        """predicted / published - 1 for a rate, published / predicted - 1 for a step time
+        (positive: the model is optimistic)."""
         if self.published is None or self.predicted is None:
             return None
+        if self.metric == "iter_time_s":
+            return self.published / self.predicted - 1.0
         return self.predicted / self.published - 1.0
 
     def to_json(self) -> dict[str, Any]:
@@ -133,9 +145,8 @@ def load_cases(path: str | Path | None = None) -> list[dict[str, Any]]:
             for k in keys:
                 if k not in sub:
                     raise PtdError(f"{where} ({c['id']}): '{part}.{k}' is missing")
-        if not any(isinstance(c["measured"].get(k), (int, float))
-                   for k in ("mfu", "hfu", "tflops_per_gpu")):
-            raise PtdError(f"{where} ({c['id']}): 'measured' needs mfu, hfu or tflops_per_gpu")
+        if not any(isinstance(c["measured"].get(k), (int, float)) for k in FIGURES):
+            raise PtdError(f"{where} ({c['id']}): 'measured' needs one of {', '.join(FIGURES)}")
         stack = c.get("stack")
         if stack is not None and stack not in STACKS:
             raise PtdError(f"{where} ({c['id']}): unknown stack {stack!r}; "
@@ -170,12 +181,22 @@ def case_model(c: dict[str, Any]) -> ModelSpec:
                 position="learned" if kind == "gelu" else "rope",
                 tied_embeddings=False, bias=kind == "gelu")
             if not isinstance(target, (int, float)):
-                return spec  # no count to match: the first candidate (GPT, multi-head)
+                # no count to match: the first candidate (GPT, multi-head)
+                return _with_dropout(spec, m)
             gap = abs(spec.param_count() - target * 1e9)
             if best is None or gap < best[0]:
                 best = (gap, spec)
     assert best is not None
-    return best[1]
+    return _with_dropout(best[1], m)
+
+
+def _with_dropout(spec: ModelSpec, m: dict[str, Any]) -> ModelSpec:
+    p = m.get("dropout")
+    if p is None:
+        return spec
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
+        raise PtdError(f"model.dropout must be a probability in [0, 1), got {p!r}")
+    return dataclasses.replace(spec, dropout=float(p))
 
 
 def case_cluster(c: dict[str, Any]) -> ClusterSpec:
@@ -326,9 +347,15 @@ def price(c: dict[str, Any], stack: str | None = None) -> CaseResult:
 
 
 def _compare(measured: dict[str, Any], est: Estimate) -> tuple[str, float, float]:
-    for key in ("mfu", "hfu", "tflops_per_gpu"):
+    """(metric, published, predicted): a measurement where the case gives one, else a FLOP
+    rate (module docstring, "The published figure")."""
+    for key in FIGURES:
         v = measured.get(key)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            if key == "tokens_per_s":
+                return key, float(v), est.tokens_per_s / est.n_devices
+            if key == "iter_time_s":
+                return key, float(v), est.step.total
             if key == "mfu":
                 return key, float(v), est.mfu
             if key == "hfu":

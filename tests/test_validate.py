@@ -214,9 +214,9 @@ def test_held_out_cases_load_and_are_all_priced():
     # for the loader, and every case prices -- an error row there would be quoted as a miss
     path = Path(__file__).resolve().parents[1] / "docs/data/heldout/cases.yaml"
     rows = [price(c) for c in load_cases(path)]
-    assert len(rows) == 17
+    assert len(rows) == 23
     assert [r.id for r in rows if r.error] == []
-    assert len({r.id for r in rows}) == 17
+    assert len({r.id for r in rows}) == 23
 
 
 @pytest.mark.parametrize("content,message", [

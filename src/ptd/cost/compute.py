@@ -400,11 +400,44 @@ class BlockTime:
     routed_forward: float = 0.0
     """The routed experts' products in ``forward`` (MoE blocks; their backward is twice):
     under expert parallelism they lie between the dispatch and the combine all-to-alls."""
+    selective: str = "attention"
+    """What selective recompute repeats (:data:`SELECTIVE`)."""
+    op_policy_forward: float = 0.0
+    """The forward work the ``op`` policy repeats: every second product and every operator
+    that is not a product or attention."""
 
     def recompute(self, kind: str, early_stop: bool = True) -> float:
         if kind == "full":
             return self.forward - (self.last_matmul_forward if early_stop else 0.0)
-        return self.attention_forward if kind == "selective" else 0.0
+        if kind != "selective":
+            return 0.0
+        if self.selective == "layer":
+            return 0.5 * self.recompute("full", early_stop)
+        if self.selective == "op":
+            return self.op_policy_forward
+        return self.attention_forward
+
+
+SELECTIVE = ("attention", "op", "layer")
+"""What "selective" activation recomputation repeats, by stack:
+
+* ``attention``: the attention core (Korthikanti et al. 2022; Megatron-LM, ptd's runtime).
+* ``op``: torchtitan's op policy (``torchtitan/parallelisms/parallelize_llama.py`` at
+  041336434916, 2024-04): the outputs of ``aten.mm`` and of the fused attention are kept,
+  except every second ``mm`` of a block in forward order; every other operator (norms,
+  rotary embedding, activations, residual adds, and biased linears, which dispatch to
+  ``addmm``) runs again in the backward.
+* ``layer``: torchtitan's ``selective_ac_option`` as an integer, ``"2"`` by default: every
+  second block is checkpointed in full and the others keep everything (priced per block as
+  half of each)."""
+
+
+def recomputed_products(model: ModelSpec, products: list["Gemm"]) -> list["Gemm"]:
+    """The products the ``op`` policy runs again: of the block's products in forward order
+    (each of ``count`` taken one by one), the second, fourth, ...; all of them where the
+    linears have biases (``addmm`` is not among the kept operators)."""
+    single = [Gemm(g.m, g.n, g.k) for g in products for _ in range(int(g.count))]
+    return single if model.bias else single[1::2]
 
 
 def scores_bytes_fwd(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, act_bytes: int) -> float:
@@ -420,7 +453,8 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
                sp: bool, dtype: str, rate: float, attention: str = "flash",
                bw: float | None = None, overhead: float | None = None,
                dtensor_overhead: float = 0.0, elementwise: str = "fused", ep: int = 1,
-               moe_layer: tuple[float, float] | None = None) -> BlockTime:
+               moe_layer: tuple[float, float] | None = None,
+               selective: str = "attention") -> BlockTime:
     """``rate``, ``bw`` and ``overhead``: one worker's matmul FLOP/s, memory bandwidth and
     per-operator cost with its node's workers running (default: the hardware's own);
     ``dtensor_overhead``: the extra cost of an operator on a DTensor (tp > 1);
@@ -430,7 +464,8 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
     (the rank's routed experts whose weights autocast casts); ``moe_layer``: the MoE
     layer's measured (forward, backward) seconds on these tokens
     (``ClusterSpec.moe_layer``), which then price it in place of its products, passes and
-    operators (op by op pricing only: ``elementwise`` not ``fused``)."""
+    operators (op by op pricing only: ``elementwise`` not ``fused``); ``selective``: what
+    selective recompute repeats (:data:`SELECTIVE`)."""
     ab = DTYPE_BYTES[dtype]
     bw = bw or hw.effective_memory_bandwidth
     overhead = hw.op_overhead if overhead is None else overhead
@@ -479,9 +514,12 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
         fwd, bwd = fwd + moe_layer[0], bwd + moe_layer[1]  # type: ignore[index]
         routed = min(routed, moe_layer[0])  # type: ignore[index]
     down = full[-1]  # the block's last product (per expert for MoE)
+    # the op policy: the forward less its attention and products, plus the products it repeats
+    again = sum(gemm_time(g, rate, bw, ab, hw, dtype) for g in recomputed_products(model, lin))
+    op_policy = max(0.0, fwd - t_attn - t_lin) + again
     return BlockTime(forward=fwd, backward=bwd, attention_forward=t_attn,
                      last_matmul_forward=gemm_time(down, rate, bw, ab, hw, dtype) + overhead,
-                     routed_forward=routed)
+                     routed_forward=routed, selective=selective, op_policy_forward=op_policy)
 
 
 def megatron_ce_bytes(act_bytes: int) -> tuple[int, int]:

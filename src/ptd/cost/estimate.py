@@ -74,6 +74,10 @@ class CostOptions:
     ps_servers: int = 0
     """0: data-parallel gradients by collectives; S > 0: pushed to and pulled from S
     synchronous parameter servers (:mod:`ptd.cost.ps`; ZeRO 0/1 only)."""
+    selective: str = "attention"
+    """What ``recompute="selective"`` repeats: ``attention`` (the attention core: Korthikanti
+    et al. 2022, Megatron-LM, ptd's runtime), ``op`` or ``layer`` (torchtitan's policies); see
+    :data:`ptd.cost.compute.SELECTIVE`."""
 
 
 @dataclass(frozen=True)
@@ -161,14 +165,15 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     compute-optimal budget of Hoffmann et al. 2022 (Chinchilla)."""
     if validate:
         plan.validate(model, cluster.n_devices)
-    fl = flops_per_token(model, plan.seq_len, plan.recompute, options.recompute_early_stop)
+    fl = flops_per_token(model, plan.seq_len, plan.recompute, options.recompute_early_stop,
+                         options.selective)
     mem = memory(model, plan, cluster.hardware.usable_memory, options.convention,
                  options.attention, options.gqa_expanded, fused_norm(options, cluster.hardware),
-                 autocast(options))
+                 autocast(options), options.selective)
     st = step_time(model, plan, cluster, options.attention, dp_overlap(options, plan),
                    options.recompute_early_stop, options.tp_grad_per_linear,
                    options.moe_imbalance, options.ps_servers, options.zero3_gather,
-                   options.elementwise, options.fsdp_copy_out)
+                   options.elementwise, options.fsdp_copy_out, options.selective)
     d = float(tokens) if tokens else 20.0 * model.param_count()
     return Estimate(model, cluster, plan, fl, mem, st, d)
 

@@ -72,9 +72,23 @@ def last_matmul_params(model: ModelSpec) -> int:
     return model.hidden * model.ffn_hidden * (model.top_k if model.is_moe else 1)
 
 
+def op_policy_params(model: ModelSpec) -> int:
+    """Weights per token of the products torchtitan's ``op`` policy runs again (see
+    :data:`ptd.cost.compute.SELECTIVE`): of q, k, v, the attention output, the MLP's input
+    product(s) and its down projection in forward order, the second, fourth, ...; all of them
+    with biases. A MoE block's MLP counts as its ``top_k`` experts' (and shared experts')
+    products in that place."""
+    h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
+    experts = (model.top_k + model.n_shared_experts) if model.is_moe else 1
+    ups = [h * f * experts] * (2 if model.mlp == "swiglu" else 1)
+    products = [h * q, h * kv, h * kv, q * h, *ups, f * h * experts]
+    return sum(products if model.bias else products[1::2])
+
+
 def recompute_flops_per_token(model: ModelSpec, seq_len: int, recompute: str,
-                              early_stop: bool = True) -> float:
-    """Forward work repeated in backward by activation checkpointing."""
+                              early_stop: bool = True, selective: str = "attention") -> float:
+    """Forward work repeated in backward by activation checkpointing; ``selective``: what
+    selective recompute repeats (:data:`ptd.cost.compute.SELECTIVE`)."""
     attn = model.n_layers * attention_flops_per_token_layer(model, seq_len)
     if recompute == "full":
         per_layer = model.matmul_params_per_layer(active=True)
@@ -82,15 +96,19 @@ def recompute_flops_per_token(model: ModelSpec, seq_len: int, recompute: str,
             per_layer -= last_matmul_params(model)
         return 2.0 * model.n_layers * per_layer + attn
     if recompute == "selective":
+        if selective == "layer":
+            return 0.5 * recompute_flops_per_token(model, seq_len, "full", early_stop)
+        if selective == "op":
+            return 2.0 * model.n_layers * op_policy_params(model)
         return attn
     return 0.0
 
 
 def flops_per_token(model: ModelSpec, seq_len: int, recompute: str = "none",
-                    early_stop: bool = True) -> FlopsPerToken:
+                    early_stop: bool = True, selective: str = "attention") -> FlopsPerToken:
     """Model and hardware FLOPs per token (see the module docstring for the convention)."""
     fwd = forward_flops_per_token(model, seq_len)
-    rc = recompute_flops_per_token(model, seq_len, recompute, early_stop)
+    rc = recompute_flops_per_token(model, seq_len, recompute, early_stop, selective)
     return FlopsPerToken(model=3.0 * fwd, hardware=3.0 * fwd + rc, forward=fwd, recompute=rc)
 
 

@@ -192,7 +192,7 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
                                sp: bool = False, recompute: str = "none", act_bytes: int = 2,
                                attention: AttentionKind = "flash", gqa_expanded: bool = False,
                                dropout: bool | None = None, fused_norm: bool = True,
-                               autocast: bool = False) -> float:
+                               autocast: bool = False, selective: str = "attention") -> float:
     """Bytes one block keeps for its backward, for one micro-batch (see module docstring).
     ``fused_norm=False``: RMSNorm runs as PyTorch's composite ``rms_norm`` (what the CPU
     runs), which keeps the normalised input ``x * rsqrt(mean(x^2) + eps)`` for the weight's
@@ -201,7 +201,18 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     runtime): the residual stream and the norms stay fp32 (4 bytes), and each linear layer
     keeps its own cast copy of its input (q, k and v three, the MLP's gate and up two), where
     a 16-bit model shares one per projection group (counted with saved-tensor hooks in
-    tests/test_cost_vs_runtime.py)."""
+    tests/test_cost_vs_runtime.py). ``selective``: what selective recompute repeats
+    (:data:`ptd.cost.compute.SELECTIVE`); ``layer`` keeps half of each block's bytes with
+    and without full recompute, ``op`` the block's input, the kept products' outputs and
+    the fused attention's output and log-sum-exp."""
+    kw = dict(attention=attention, gqa_expanded=gqa_expanded, dropout=dropout,
+              fused_norm=fused_norm, autocast=autocast)
+    if recompute == "selective" and selective == "layer":
+        return 0.5 * sum(activation_bytes_per_layer(model, seq_len, micro_batch, tp, sp, rc,
+                                                    act_bytes, **kw) for rc in ("none", "full"))
+    if recompute == "selective" and selective == "op":
+        return _op_policy_bytes(model, seq_len, micro_batch, tp, sp, act_bytes, autocast,
+                                attention == "scores")
     s, b, h, a, t = seq_len, micro_batch, model.hidden, model.n_heads, tp
     q = model.q_dim
     kv = q if gqa_expanded else model.kv_dim
@@ -238,6 +249,29 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
         # offsets (int32), E each
         total += s * b * moe_bytes_per_token(model, ab) + 4 * model.n_experts * (
             1 + (3 if model.mlp == "swiglu" else 2))
+    return total
+
+
+def _op_policy_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sp: bool,
+                     act_bytes: int, autocast: bool, scores: bool) -> float:
+    """Bytes a block keeps under torchtitan's ``op`` policy: its input (the residual stream),
+    the outputs of the products it keeps (q, v, the MLP's first input product and its down
+    projection for a bias-free block: the first, third, ... in forward order; none with
+    biases), and the fused attention's output and fp32 log-sum-exp. Column-parallel outputs
+    are split over tp; the down projection's output is the whole partial sum on each rank.
+    A dense MLP stands for a MoE block's (its routed products are not counted here)."""
+    s, b, h, t = seq_len, micro_batch, model.hidden, tp
+    ab = act_bytes
+    nb = 4 if autocast and ab < 4 else ab
+    seq_div = t if sp else 1
+    f = model.ffn_hidden
+    outs = [model.q_dim / t, model.kv_dim / t, model.kv_dim / t, h,
+            *([f / t] * (2 if model.mlp == "swiglu" else 1)), h]
+    kept = 0.0 if model.bias else sum(outs[0::2])
+    total = nb * s * b * h / seq_div + ab * s * b * kept
+    total += ab * s * b * model.q_dim / t + 4 * model.n_heads * s * b / t
+    if scores:  # an unfused attention keeps its scores' softmax for the backward
+        total += ab * model.n_heads * s * s * b / t
     return total
 
 
@@ -312,13 +346,15 @@ def _held_layers(model: ModelSpec, layout: tuple, m: int, v: int, schedule: str
 
 def activation_bytes(model: ModelSpec, plan: ParallelPlan, attention: AttentionKind = "flash",
                      gqa_expanded: bool = False, pp_rank: int | None = None,
-                     fused_norm: bool = True, autocast: bool = False) -> float:
+                     fused_norm: bool = True, autocast: bool = False,
+                     selective: str = "attention") -> float:
     """Peak activation bytes on the most loaded pipeline rank (or the given one);
     ``autocast``: see :func:`activation_bytes_per_layer`."""
     ab = DTYPE_BYTES[plan.dtype]
     per_layer = activation_bytes_per_layer(model, plan.seq_len, plan.micro_batch, plan.tp,
                                            plan.sp, plan.recompute, ab, attention, gqa_expanded,
-                                           fused_norm=fused_norm, autocast=autocast)
+                                           fused_norm=fused_norm, autocast=autocast,
+                                           selective=selective)
     out_keep = output_activation_bytes(model, plan.seq_len, plan.micro_batch, plan.tp, plan.sp, ab,
                                        fused_norm, autocast)
     out_work = output_transient_bytes(model, plan.seq_len, plan.micro_batch, plan.tp)
@@ -433,7 +469,7 @@ def zero12_full_grads(plan: ParallelPlan) -> bool:
 def memory(model: ModelSpec, plan: ParallelPlan, capacity: float = 0.0,
            convention: Convention = "ptd", attention: AttentionKind = "flash",
            gqa_expanded: bool = False, fused_norm: bool = True,
-           autocast: bool = False) -> MemoryBreakdown:
+           autocast: bool = False, selective: str = "attention") -> MemoryBreakdown:
     """Memory on the most loaded device; ``autocast``: fp32 weights under autocast keep
     fp32 norm tensors and a cast input per linear layer (:func:`activation_bytes_per_layer`)."""
     p, g, o = model_state_bytes(model, plan, convention)
@@ -442,7 +478,7 @@ def memory(model: ModelSpec, plan: ParallelPlan, capacity: float = 0.0,
         # memory; the device holds only what is gathered for compute (buffers).
         p = g = o = 0.0
     act = activation_bytes(model, plan, attention, gqa_expanded, fused_norm=fused_norm,
-                           autocast=autocast) / plan.cp
+                           autocast=autocast, selective=selective) / plan.cp
     return MemoryBreakdown(params=p, grads=g, optimizer=o, activations=act,
                            buffers=buffer_bytes(model, plan, convention=convention)
                            + kv_buffer_bytes(model, plan),

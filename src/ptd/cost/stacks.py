@@ -44,6 +44,8 @@ class Stack:
     fsdp_copy_out: bool = False
     """ZeRO's gathered buffer is copied out into the parameters (PyTorch FSDP2) rather than
     the parameters being views of it (Megatron-LM's distributed optimizer, DeepSpeed)."""
+    selective: str = "attention"
+    """What selective recompute repeats (:data:`ptd.cost.compute.SELECTIVE`)."""
 
 
 _DEEPSPEED = Stack(
@@ -85,8 +87,11 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           "default norm_type 'rmsnorm' (fused_rmsnorm, a Triton kernel, optional), runs "
           "_norm(x.float()).type_as(x) * weight as separate operators; models/llama/model.py "
           "repeat_kv copies K/V to the query heads; rotary embedding and SwiGLU eager; "
-          "docs/performance.md names no torch.compile.", elementwise="llama-ref",
-          fsdp_copy_out=True),
+          "docs/performance.md names no torch.compile; selective activation "
+          "checkpointing by default every second block in full (config_manager.py "
+          "selective_ac_option '2'), or per operator with 'op' "
+          "(parallelisms/parallelize_llama.py; both at 041336434916, 2024-04).",
+          elementwise="llama-ref", fsdp_copy_out=True, selective="layer"),
     _DEEPSPEED,
     # the same kernels and overlap; only ZeRO-3's gathers differ
     dataclasses.replace(
@@ -112,4 +117,4 @@ def stack_options(name: str, hardware: object = None) -> CostOptions:
                        tp_grad_per_linear=s.tp_grad_per_linear, schedules=s.schedules,
                        zero3_gather=s.zero3_gather, elementwise=s.elementwise,
                        dp_overlap_model_parallel=s.dp_overlap_model_parallel,
-                       fsdp_copy_out=s.fsdp_copy_out)
+                       fsdp_copy_out=s.fsdp_copy_out, selective=s.selective)

@@ -196,14 +196,14 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
               recompute_early_stop: bool = True, tp_grad_per_linear: bool = True,
               moe_imbalance: float = 1.0, ps_servers: int = 0,
               zero3_gather: str = "unit", elementwise: str = "autocast",
-              fsdp_copy_out: bool = True) -> StepBreakdown:
+              fsdp_copy_out: bool = True, selective: str = "attention") -> StepBreakdown:
     """``tp_grad_per_linear``: tensor parallelism without sequence parallelism all-reduces
     each column-parallel layer's input gradient on its own (PyTorch DTensor, ptd's runtime:
     wq, wk, wv, w1 and w3 each); False sums them first and all-reduces twice per block
     (Megatron-LM's fused QKV and MLP input)."""
     m = plan.n_microbatches
     mbt = micro_batch(model, plan, cluster, attention, recompute_early_stop, tp_grad_per_linear,
-                      elementwise)
+                      elementwise, selective)
     cpt = CX.cp_terms(model, plan, cluster, mbt.nl)  # context parallel: whole-sequence attention
     mbt = dataclasses.replace(mbt, f=mbt.f + cpt.attn_forward, b=mbt.b + cpt.attn_backward)
     bubble, pp_comm = pipeline(model, plan, cluster, mbt, cpt.comm_exposed)
@@ -241,7 +241,7 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
 
 def micro_batch(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, attention: str,
                 recompute_early_stop: bool, tp_grad_per_linear: bool,
-                elementwise: str = "autocast") -> MicroBatch:
+                elementwise: str = "autocast", selective: str = "attention") -> MicroBatch:
     """Compute and tensor-parallel time of one micro-batch on the slowest pipeline rank."""
     hw = cluster.hardware
     rate = cluster.gemm_rate(plan.dtype)
@@ -254,7 +254,7 @@ def micro_batch(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, atte
     moe = (cluster.moe_layer(MOE.moe_layer_key(model, plan.dtype), tokens)
            if model.is_moe else None)
     blk = _block_time(model, hw, s, mb, plan.tp, plan.sp, plan.dtype, rate, attention, bw,
-                      ovh, dt_ovh, elementwise, plan.ep, moe)
+                      ovh, dt_ovh, elementwise, plan.ep, moe, selective)
     if plan.ep > 1 and model.is_moe:
         ef, eb, _ = ep_layer_overheads(cluster)
         blk = dataclasses.replace(blk, forward=blk.forward + ef, backward=blk.backward + eb)

@@ -24,7 +24,9 @@ reason, never skipped.
 * *Plan.* ``zero``: a number, or a text starting with one, is that stage; a text naming a
   "distributed optimizer" is stage 1 (Megatron-LM's distributed optimizer shards optimizer
   states, ZeRO-1); otherwise 0. ``recompute``: ``full``, ``selective`` or ``none`` when the
-  text starts with one of them, else unstated. ``micro_batch``, ``vpp``, ``recompute``,
+  text starts with one of them, else unstated; ``selective (op)`` and ``selective (layer)``
+  name which of torchtitan's policies ran (:data:`ptd.cost.compute.SELECTIVE`; otherwise the
+  stack's). ``micro_batch``, ``vpp``, ``recompute``,
   ``sequence_parallel`` left null or unstated are chosen by the cost model as
   ``ptd estimate`` chooses them (the fastest that fits). ``cp`` (null: 1) is context
   parallelism as ptd prices it (:mod:`ptd.cost.context`: zig-zag chunks, K/V around a
@@ -246,6 +248,13 @@ def _recompute(v: Any) -> str | None:
     return None
 
 
+def _selective_policy(v: Any) -> str | None:
+    """``selective (op)`` / ``selective (layer)``: torchtitan's two policies, where the case
+    names one; None leaves the stack's own."""
+    m = re.match(r"\s*selective\s*\((op|layer)\)", str(v or ""), re.I)
+    return m.group(1).lower() if m else None
+
+
 def case_plan(c: dict[str, Any], model: ModelSpec) -> tuple[ParallelPlan, list[str]]:
     """The published plan and the knobs left for the cost model to choose."""
     p = c["plan"]
@@ -333,7 +342,11 @@ def price(c: dict[str, Any], stack: str | None = None) -> CaseResult:
         model = case_model(c)
         cluster = case_cluster(c)
         plan, free = case_plan(c, model)
-        est = choose(model, cluster, plan, free, options=stack_options(r.stack, cluster.hardware))
+        options = stack_options(r.stack, cluster.hardware)
+        policy = _selective_policy(c["plan"].get("recompute"))
+        if policy:
+            options = dataclasses.replace(options, selective=policy)
+        est = choose(model, cluster, plan, free, options=options)
     except PtdError as e:
         r.error = str(e)
         return r

@@ -212,19 +212,20 @@ class _Pricer:
         self.model, self.cluster, self.options = model, cluster, options
         self.capacity = cluster.hardware.usable_memory
         self.tokens = float(tokens) if tokens else 20.0 * model.param_count()
-        self.flops = {rc: flops_per_token(model, seq_len, rc, options.recompute_early_stop)
-                      for rc in RECOMPUTE}
+        self.flops = {rc: flops_per_token(model, seq_len, rc, options.recompute_early_stop,
+                                          options.selective) for rc in RECOMPUTE}
 
     def memory(self, plan: ParallelPlan):
         o = self.options
         return memory(self.model, plan, self.capacity, o.convention, o.attention, o.gqa_expanded,
-                      fused_norm(o, self.cluster.hardware), autocast(o))
+                      fused_norm(o, self.cluster.hardware), autocast(o), o.selective)
 
     def estimate(self, plan: ParallelPlan, mem) -> Estimate:
         o = self.options
         st = step_time(self.model, plan, self.cluster, o.attention, dp_overlap(o, plan),
                        o.recompute_early_stop, o.tp_grad_per_linear, o.moe_imbalance,
-                       o.ps_servers, o.zero3_gather, o.elementwise, o.fsdp_copy_out)
+                       o.ps_servers, o.zero3_gather, o.elementwise, o.fsdp_copy_out,
+                       o.selective)
         return Estimate(self.model, self.cluster, plan, self.flops[plan.recompute], mem, st,
                         self.tokens)
 

@@ -309,7 +309,8 @@ def test_torchtitan_zero3_interleaved_pipeline():
                     *training_tt(4, mp="float32", offload="--training.enable-cpu-offload")[2:],
                     "activation-checkpoint:selective"]
     assert notes == [TINY_NOTE, "selective recompute is torchtitan's per-op SAC, which saves a "
-                                "different set of tensors than ptd's attention-core recompute"]
+                                "different set of tensors than ptd's attention-core recompute "
+                                "(--stack torchtitan prices the per-op policy)"]
 
 
 def test_torchtitan_model_parts_context_parallel_and_model_notes():

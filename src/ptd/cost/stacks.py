@@ -88,10 +88,11 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           "_norm(x.float()).type_as(x) * weight as separate operators; models/llama/model.py "
           "repeat_kv copies K/V to the query heads; rotary embedding and SwiGLU eager; "
           "docs/performance.md names no torch.compile; selective activation "
-          "checkpointing by default every second block in full (config_manager.py "
-          "selective_ac_option '2'), or per operator with 'op' "
-          "(parallelisms/parallelize_llama.py; both at 041336434916, 2024-04).",
-          elementwise="llama-ref", fsdp_copy_out=True, selective="layer"),
+          "checkpointing per operator (parallelisms/parallelize_llama.py at 041336434916, "
+          "2024-04, selective_ac_option 'op'; torchtitan 0.3.0's SelectiveAC, the "
+          "version ptd plan --export torchtitan writes for) or, then by default, every "
+          "second block in full (config_manager.py selective_ac_option '2').",
+          elementwise="llama-ref", fsdp_copy_out=True, selective="op"),
     _DEEPSPEED,
     # the same kernels and overlap; only ZeRO-3's gathers differ
     dataclasses.replace(

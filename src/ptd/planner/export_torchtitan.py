@@ -164,7 +164,8 @@ def _training(p: ParallelPlan, steps: int | None, cfg: TrainConfig, a: list[str]
         notes.append(f"gradient compression {p.grad_compression} has no torchtitan field")
     if p.recompute == "selective":
         notes.append("selective recompute is torchtitan's per-op SAC, which saves a different "
-                     "set of tensors than ptd's attention-core recompute")
+                     "set of tensors than ptd's attention-core recompute (--stack torchtitan "
+                     "prices the per-op policy)")
 
 
 def script(e: Estimate, split: tuple[int, ...], steps: int | None, cfg: TrainConfig,

@@ -72,3 +72,25 @@ def test_stack_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         STACKS["ptd"].dp_overlap = False  # type: ignore[misc]
     assert dataclasses.is_dataclass(Stack)
+
+
+def test_deepspeed_pipelines_reduce_after_the_schedule():
+    # deepspeed/runtime/pipe/schedule.py, TrainSchedule: ReduceGrads after the last backward
+    from ptd.cost.estimate import dp_overlap, estimate
+    from ptd.specs import ClusterSpec, ParallelPlan, get_preset
+    from ptd.specs.hardware import get_hardware_preset
+    pipe = ParallelPlan(dp=2, pp=2, zero=1, micro_batch=1, global_batch=8, seq_len=512,
+                        dtype="bf16")
+    flat = pipe.replace(pp=1, dp=4)
+    for name in STACKS:
+        o = stack_options(name)
+        assert o.dp_overlap_pipeline is (not name.startswith("deepspeed"))
+        assert dp_overlap(o, flat) is o.dp_overlap
+        if name.startswith("deepspeed"):
+            assert dp_overlap(o, pipe) is False
+    # priced so: every byte of the reduction exposed on the pipeline, not on the flat plan
+    m, cl = get_preset("gpt2"), ClusterSpec(get_hardware_preset("a100-80g"), 4)
+    st = estimate(m, cl, pipe, options=stack_options("deepspeed")).step
+    assert st.dp_comm_total > 0 and st.dp_comm_exposed == pytest.approx(st.dp_comm_total)
+    st = estimate(m, cl, flat, options=stack_options("deepspeed")).step
+    assert st.dp_comm_exposed < st.dp_comm_total

@@ -66,6 +66,12 @@ class CostOptions:
     ptd's runtime then reduces after the backward (``GradAllReduce``: DDP cannot hold
     DTensors and does not run a pipeline schedule's backward): False. Megatron-LM's
     ``--overlap-grad-reduce`` and DeepSpeed overlap there as well: True."""
+    dp_overlap_pipeline: bool = True
+    """Whether data-parallel gradient reduction overlaps the backward under pipeline
+    parallelism. False for DeepSpeed's ``PipelineEngine``, whose schedule reduces the
+    gradients as an instruction after the last micro-batch's backward
+    (``deepspeed/runtime/pipe/schedule.py``, ``TrainSchedule``: ``ReduceTiedGrads``,
+    ``ReduceGrads``, ``OptimizerStep`` at the end of the batch; 2021 and 2026 alike)."""
     elementwise: str = "autocast"
     """Memory-bound operators (:mod:`ptd.cost.eager`): ``fused``, the fewest passes (fused
     kernels: Megatron-LM, Transformer Engine); ``eager``, one pass per PyTorch operator in
@@ -180,9 +186,12 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
 
 def dp_overlap(options: CostOptions, plan: ParallelPlan) -> bool:
     """``options.dp_overlap`` for this plan: off where the runtime reduces zero-0 gradients
-    after the backward (``dp_overlap_model_parallel`` False and tp, pp, cp or ep > 1)."""
+    after the backward (``dp_overlap_model_parallel`` False and tp, pp, cp or ep > 1) or
+    after the pipeline schedule (``dp_overlap_pipeline`` False and pp > 1)."""
     model_parallel = plan.tp > 1 or plan.pp > 1 or plan.cp > 1 or plan.ep > 1
     if plan.zero == 0 and model_parallel and not options.dp_overlap_model_parallel:
+        return False
+    if plan.pp > 1 and not options.dp_overlap_pipeline:
         return False
     return options.dp_overlap
 

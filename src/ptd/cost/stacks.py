@@ -46,13 +46,18 @@ class Stack:
     the parameters being views of it (Megatron-LM's distributed optimizer, DeepSpeed)."""
     selective: str = "attention"
     """What selective recompute repeats (:data:`ptd.cost.compute.SELECTIVE`)."""
+    dp_overlap_pipeline: bool = True
+    """Gradient reduction overlaps the backward under pipeline parallelism too
+    (:class:`ptd.cost.estimate.CostOptions`)."""
 
 
 _DEEPSPEED = Stack(
     "deepspeed", "scores", True, False, False, ("1f1b",),
     "Megatron-DeepSpeed (Smith et al. 2022, arXiv 2201.11990; BLOOM 2022): Megatron's 2021 "
     "kernels with DeepSpeed's ZeRO, whose reduction overlaps the backward (ZeRO config "
-    "overlap_comm).")
+    "overlap_comm); with pipeline parallelism DeepSpeed's PipelineEngine reduces the "
+    "gradients after the schedule instead (deepspeed/runtime/pipe/schedule.py, "
+    "TrainSchedule: ReduceGrads at the end of the batch).", dp_overlap_pipeline=False)
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("ptd", "flash", True, True, True, ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe"),
@@ -118,4 +123,5 @@ def stack_options(name: str, hardware: object = None) -> CostOptions:
                        tp_grad_per_linear=s.tp_grad_per_linear, schedules=s.schedules,
                        zero3_gather=s.zero3_gather, elementwise=s.elementwise,
                        dp_overlap_model_parallel=s.dp_overlap_model_parallel,
-                       fsdp_copy_out=s.fsdp_copy_out, selective=s.selective)
+                       fsdp_copy_out=s.fsdp_copy_out, selective=s.selective,
+                       dp_overlap_pipeline=s.dp_overlap_pipeline)

@@ -524,17 +524,17 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
 
 def megatron_ce_bytes(act_bytes: int) -> tuple[int, int]:
     """Bytes per local logit (forward, backward) of Megatron-LM's vocab-parallel cross-entropy
-by the logits' element size, the path of every stack with ``fused`` elementwise kernels
-(Megatron-LM and its DeepSpeed fork; opt-in fusion only from 2024-06, NVIDIA/Megatron-LM
-7b4a6d76c9 ``--cross-entropy-loss-fusion``). Counted from ``megatron/mpu/cross_entropy.py``
-(2021) and ``megatron/core/tensor_parallel/cross_entropy.py`` (r0.8.0, 2024), which run the
-same passes over the ``[s, b, V/t]`` logits: a cast of 16-bit logits to fp32 (read 2,
-write 4; ``output.float()`` in 2021, ``.float()`` inside the function in 2024), the row
-maximum (read 4), the in-place subtraction of it (4 + 4), the in-place exponential (4 + 4),
-the row sum (4), the in-place division into the softmax the backward keeps (4 + 4): 38.
-Backward: the in-place product with the loss gradient (4 + 4) and the gradient's cast back
-to 16 bits (4 + 2): 14 (the target entries' update touches one element a row). With fp32
-logits no cast runs: 32 and 8."""
+    by the logits' element size, the path of every stack with ``fused`` elementwise kernels
+    (Megatron-LM and its DeepSpeed fork; opt-in fusion only from 2024-06, NVIDIA/Megatron-LM
+    7b4a6d76c9 ``--cross-entropy-loss-fusion``). Counted from ``megatron/mpu/cross_entropy.py``
+    (2021) and ``megatron/core/tensor_parallel/cross_entropy.py`` (r0.8.0, 2024), which run the
+    same passes over the ``[s, b, V/t]`` logits: a cast of 16-bit logits to fp32 (read 2,
+    write 4; ``output.float()`` in 2021, ``.float()`` inside the function in 2024), the row
+    maximum (read 4), the in-place subtraction of it (4 + 4), the in-place exponential (4 + 4),
+    the row sum (4), the in-place division into the softmax the backward keeps (4 + 4): 38.
+    Backward: the in-place product with the loss gradient (4 + 4) and the gradient's cast back
+    to 16 bits (4 + 2): 14 (the target entries' update touches one element a row). With fp32
+    logits no cast runs: 32 and 8."""
     cast = 0 if act_bytes == 4 else act_bytes + 4
     return 32 + cast, 8 + cast
 

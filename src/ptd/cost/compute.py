@@ -558,9 +558,10 @@ def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype:
     norm_bytes = 2 * ab * tokens * model.hidden
     of, ob = output_ops(model)
     t_out = gemm_time(g, rate, bw, ab, hw, dtype)
-    ce_f, ce_b = (n * logits for n in megatron_ce_bytes(ab))
-    t_f, t_b = (ce_f + norm_bytes) / bw, (ce_b + 2 * norm_bytes) / bw
-    if elementwise != "fused":  # op by op (see ptd.cost.eager)
+    if elementwise == "fused":
+        ce_f, ce_b = (n * logits for n in megatron_ce_bytes(ab))
+        t_f, t_b = (ce_f + norm_bytes) / bw, (ce_b + 2 * norm_bytes) / bw
+    else:  # op by op (see ptd.cost.eager)
         t_f, t_b = eager_time(EAGER.output_passes(model, tokens, tp, dtype, elementwise,
                                                   composite_norm=not hw.sm_count), bw,
                               bool(hw.sm_count), hw.eager_bandwidth_fraction)

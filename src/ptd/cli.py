@@ -16,6 +16,7 @@ import argparse
 import sys
 from typing import Sequence
 
+from .children import EXIT_TERMINATED, Terminated
 from .errors import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_USAGE, PtdError, PtdFault
 
 
@@ -82,6 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"ptd{' ' + cmd if cmd else ''}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Terminated:  # SIGTERM while children ran; they were stopped on the way out
+        print(f"ptd{' ' + cmd if cmd else ''}: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except BrokenPipeError:
         return 0
     except PtdFault as e:

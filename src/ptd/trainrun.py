@@ -3,7 +3,9 @@
 One run is one ``python -m ptd train ARGS --out OUT`` in its own process (its own world,
 its own torchrun); the caller gets the run's ``summary.json`` with the wall time, or a row
 with ``error`` (the run's last stderr line, or the timeout) -- a failed run is a failed row,
-never a crash of the caller. The output goes to ``OUT/bench.log``.
+never a crash of the caller. The output goes to ``OUT/bench.log``. A run stopped early
+(its timeout, Ctrl-C, SIGTERM to the caller) is asked to stop and given time to
+(:func:`ptd.children.run_child`), so that its agent stops its workers.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .children import run_child
+
 
 def train_subprocess(out: Path, args: list[str], timeout: float) -> dict[str, Any]:
     """Run ``ptd train *args --out out``; its summary (with ``wall_s``), or ``error``."""
@@ -24,8 +28,7 @@ def train_subprocess(out: Path, args: list[str], timeout: float) -> dict[str, An
     cmd = [sys.executable, "-m", "ptd", "train", *args, "--out", str(out), "--force"]
     t0 = time.perf_counter()
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        r = run_child(cmd, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:g} s (--run-timeout)",
                 "wall_s": time.perf_counter() - t0}

@@ -16,6 +16,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
+
+from ...children import die_with_parent, terminate_on_sigterm
 from .profile import BLOCKING_SIDE
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
@@ -156,6 +158,7 @@ def stage_labels(plan: dict) -> list[str]:
 def _worker(rank: int, nproc: int, plan: dict, store: str, barriers: dict, counters: dict,
             flags: dict, q: Any, timeout: float) -> None:
     try:
+        die_with_parent()  # a calibration killed outright takes its workers with it
         import torch
         import torch.distributed as dist
 
@@ -193,6 +196,11 @@ def _worker(rank: int, nproc: int, plan: dict, store: str, barriers: dict, count
 def run_workers(plan: dict, on_tick: Callable[[str], None] = lambda s: None,
                 timeout: float = 600.0) -> list[dict]:
     """Run the plan on ``max(workers)`` processes; one result dict per rank."""
+    with terminate_on_sigterm():  # SIGTERM: the finally below stops the workers
+        return _run_workers(plan, on_tick, timeout)
+
+
+def _run_workers(plan: dict, on_tick: Callable[[str], None], timeout: float) -> list[dict]:
     nproc = max(plan["workers"])
     ctx = mp.get_context("spawn")
     q = ctx.Queue()

@@ -175,3 +175,33 @@ def test_ptd_calibrate_killed_outright_leaves_no_worker(tmp_path):
     p.kill()
     p.communicate(timeout=60)
     assert all(_gone(w) for w in workers)
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and prctl: Linux")
+def test_ptd_train_killed_outright_leaves_no_worker(tmp_path):
+    # Forked workers (the CPU launch): before the guard the fork server and both workers
+    # went on training, orphaned, to the last step.
+    env = {**os.environ, "PTD_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"}
+    env.pop("PTD_LAUNCH", None)
+    p = subprocess.Popen([sys.executable, "-m", "ptd", "train", "--model", "tiny", "--nproc", "2",
+                          "--steps", "2000", "--hardware", "cpu", "--out", str(tmp_path / "run")],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    end = time.monotonic() + 90
+    while not (tmp_path / "run" / "metrics.jsonl").exists():  # the workers are training
+        assert p.poll() is None and time.monotonic() < end, "the run never started"
+        time.sleep(0.2)
+    tree = [q for q in _descendants(p.pid) if _alive(q)]
+    assert len([q for q in tree if _spawned(q) or b"forkserver" in
+                Path(f"/proc/{q}/cmdline").read_bytes()]) >= 3  # the server and 2 workers
+    p.kill()
+    p.wait(30)
+    assert all(_gone(q) for q in tree)

@@ -146,6 +146,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 @record
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if os.environ.get("PTD_WORKER_DIES_WITH_PARENT") == "1":  # forked: launcher.fork_workers
+        from ..children import die_with_parent
+        die_with_parent()
     if len(args) != 1:
         print("usage: python -m ptd.runtime.worker CONFIG.toml", file=sys.stderr)
         return 2

@@ -137,6 +137,9 @@ def failed_workers(log_dir: Path) -> list[str]:
     return out
 
 
+DIES_WITH_PARENT = "PTD_WORKER_DIES_WITH_PARENT"
+
+
 def fork_ok() -> bool:
     """Fork CPU workers from this process (Linux, no GPU driver) instead of torchrun's
     fresh interpreters; ``PTD_LAUNCH=torchrun`` asks for the latter anyway."""
@@ -165,13 +168,15 @@ def fork_workers(cfg: TrainConfig, config_path: Path, nproc: int, log_dir: Path,
     from ..resilience.interrupt import Forward
     saved = dict(os.environ)
     os.environ.update(worker_env(cfg))  # before torch is imported: its thread pools read it
+    os.environ[DIES_WITH_PARENT] = "1"  # a forked worker dies with the fork server
     try:
         import multiprocessing
         from multiprocessing import forkserver
         # What the workers import, once, in the server: DDP, FSDP and pipelining import
         # torch._dynamo (~1 s of CPU), and pipelining itself with pp > 1. Started first, so
         # that its imports run beside the agent's own below.
-        preload = ["ptd.runtime.worker", "torch._dynamo"]
+        # The guard first: the server dies with this process (forkserver_guard.py).
+        preload = ["ptd.runtime.launch.forkserver_guard", "ptd.runtime.worker", "torch._dynamo"]
         preload += ["torch.distributed.pipelining"] if cfg.plan.pp > 1 else []
         multiprocessing.set_forkserver_preload(preload)
         forkserver.ensure_running()

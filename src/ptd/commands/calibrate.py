@@ -148,6 +148,10 @@ def run(a: argparse.Namespace) -> int:
     with _Progress(len(labels)) as tick:
         result = calibrate(workers, dtypes, a.quick, base, a.name, info, tick, model_shapes=shapes,
                            model_attention=att, op_spec=ops, moe_spec=moe)
+    from ..runtime.calibrate.quiet import warning
+    shared = warning(result["meta"].get("other_load", []), result["meta"]["cpu_count"])
+    if shared:  # still written: the user decides, and the JSON keeps every stage's figure
+        print(f"ptd calibrate: {shared}", file=sys.stderr, flush=True)
     if info["device"] == "cpu" and not a.quick:
         # the same copy and add from this one process, right after: on a virtual machine
         # where a buffer lands moves the figure (docs/calibration.md), and the pool's

@@ -21,6 +21,7 @@ from ...specs import tomlio
 from ...specs.hardware import get_hardware_preset, hardware_from_dict
 from .workers import KINDS, make_plan, run_workers, stage_labels
 from .profile import profile_table, summarize
+from .quiet import OtherLoad
 
 __all__ = ["KINDS", "calibrate", "detect", "gpu_preset", "make_plan", "stage_labels",
            "write_profile"]
@@ -81,7 +82,9 @@ def calibrate(workers: list[int], dtypes: list[str], quick: bool, base: str, nam
                      moe_spec)
     load = _loadavg()
     t0 = time.monotonic()
-    results = run_workers(plan, on_tick)
+    watch = OtherLoad()
+    results = run_workers(plan, watch.tick(on_tick))
+    watch.stop()
     elapsed = time.monotonic() - t0
     summary = summarize(plan, results)
     host = socket.gethostname()
@@ -96,6 +99,7 @@ def calibrate(workers: list[int], dtypes: list[str], quick: bool, base: str, nam
             "python": platform.python_version(), "command": " ".join(["ptd", *sys.argv[1:]]),
             "workers": plan["workers"], "dtypes": plan["dtypes"], "quick": quick,
             "seconds": round(elapsed, 1), "load_before": load, "load_after": _loadavg(),
+            "other_load": watch.stages(),
             "attention_ratio_measured": summary["attention_ratio"] or 0.0,
             "missing_collectives": sorted(summary["missing"])}
     return {"hardware": hw, "meta": meta, "summary": summary, "plan": plan}

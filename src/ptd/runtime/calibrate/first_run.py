@@ -97,6 +97,10 @@ def ensure_profile(hardware: str | None,
         print(file=sys.stderr)
     print(f"ptd: calibrated in {time.perf_counter() - t0:.0f} s; wrote {path}",
           file=sys.stderr, flush=True)
+    from .quiet import warning
+    shared = warning(result.get("meta", {}).get("other_load", []), info["count"])
+    if shared:
+        print(f"ptd: {shared}", file=sys.stderr, flush=True)
     return path
 
 

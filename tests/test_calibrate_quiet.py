@@ -75,3 +75,30 @@ def test_a_calibration_beside_busy_loops_says_so(tmp_path):
     stages = json.loads((tmp_path / "x.json").read_text())["meta"]["other_load"]
     long = [s for s in stages if s["seconds"] >= 0.5]
     assert long and max(s["cores"] for s in long) >= 0.5
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc: Linux")
+def test_the_bench_records_what_other_processes_took_during_each_run(monkeypatch, tmp_path):
+    # Each fake run sleeps 1.5 s; during the second a detached busy loop (not our
+    # descendant: its parent exits at once) takes a core. Run 1 may share the machine with
+    # a parallel test run, so only run 2's figure is checked, and that the runs are named.
+    from ptd.bench import scaling as S
+    burn = "import time\nt=time.time()\nwhile time.time()-t<1.4: pass"
+    detach = ("import subprocess, sys\n"
+              f"subprocess.Popen([sys.executable, '-c', {burn!r}])")
+
+    def fake(folder, flags, timeout):
+        if folder.name.startswith("n2"):
+            subprocess.run([sys.executable, "-c", detach], check=True)
+        time.sleep(1.5)
+        return {"measured": {"step_time_s": 1.0, "tokens_per_s": 1.0, "mfu": 0.1},
+                "predicted": {"step_time_s": 1.0, "tokens_per_s": 1.0, "mfu": 0.1},
+                "plan_desc": folder.name}
+    monkeypatch.setattr(S, "train_subprocess", fake)
+    data = S.measure(tmp_path, model="tiny", seq_len=8, global_batch=4, steps=5, workers=[1, 2],
+                     strategies=["ddp"], hardware=None, run_timeout=10, log=lambda *a: None)
+    runs = {r["run"]: r for r in data["other_load"]}
+    assert list(runs) == ["n1-dp1-tp1-pp1-z0", "n2-dp2-tp1-pp1-z0"]
+    assert runs["n2-dp2-tp1-pp1-z0"]["seconds"] >= 1.5
+    assert runs["n2-dp2-tp1-pp1-z0"]["cores"] >= 0.4  # ~1.3 CPU-seconds of 1.5+ s

@@ -122,6 +122,10 @@ def measure(out: Path, *, model: str, seq_len: int, global_batch: int, steps: in
     if hardware:
         common += ["--hardware", hardware]
     done: dict[tuple, list[dict]] = {}
+    # the CPU other processes took during each run (runtime/calibrate/quiet.py): a row that
+    # shared the machine with other work reads slow for a reason the cost model cannot see
+    from ..runtime.calibrate.quiet import OtherLoad
+    watch = OtherLoad()
     for rnd in range(1, rounds + 1):
         for n in workers:
             for strat in strategies:
@@ -133,8 +137,10 @@ def measure(out: Path, *, model: str, seq_len: int, global_batch: int, steps: in
                 if rounds > 1:
                     name += f"-r{rnd}"
                 t0 = time.perf_counter()
+                watch._sample(name)
                 s = train_subprocess(out / "runs" / name,
                                      [*common, *train_flags(lay, global_batch)], run_timeout)
+                watch.stop()
                 done.setdefault(key, []).append(s)
                 msg = s.get("error") or f"{s['measured']['step_time_s'] * 1e3:.0f} ms/step"
                 log(f"ptd bench: {name}: {msg} ({time.perf_counter() - t0:.0f} s)")
@@ -150,7 +156,10 @@ def measure(out: Path, *, model: str, seq_len: int, global_batch: int, steps: in
                                  [r["measured"]["step_time_s"], r["predicted"]["step_time_s"]]
                                  for r in runs]
             rows.append(row)
-    return {"rows": rows}
+    # each run's own interval (the samples between two runs span only the bench's bookkeeping)
+    other = [{"run": st["stage"], "seconds": st["seconds"], "cores": st["cores"]}
+             for st in watch.stages() if st["stage"]]
+    return {"rows": rows, "other_load": other}
 
 
 def tables(data: dict[str, Any], strategies: Iterable[str], workers: list[int]) -> dict[str, Any]:

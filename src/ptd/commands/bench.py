@@ -106,7 +106,8 @@ def run(a: argparse.Namespace) -> int:
     meta = {"model": a.model, "seq_len": a.seq_len, "global_batch": a.global_batch,
             "steps": a.steps, "workers": a.workers, "strategies": a.strategies,
             "rounds": a.rounds, "seconds": elapsed,
-            "machine_vs_profile": {"before": before, "after": after}}
+            "machine_vs_profile": {"before": before, "after": after},
+            "other_load": data.get("other_load", [])}
     slim_rows = [{k: v for k, v in r.items() if k != "summary"} |
                  {"summary": {k: r["summary"].get(k) for k in ("measured", "predicted", "ratio",
                                                                "plan_desc", "error", "wall_s")}}
@@ -123,6 +124,14 @@ def run(a: argparse.Namespace) -> int:
     line = drift.describe(before, after)
     if line:
         print(f"\n{line}")
+    from ..runtime.calibrate.quiet import WARN_CORES
+    shared = [r for r in meta["other_load"] if r["cores"] >= WARN_CORES]
+    if shared:
+        worst = max(shared, key=lambda r: r["cores"])
+        print(f"ptd bench: warning: other processes kept {worst['cores']:.2f} cores busy during "
+              f"{worst['run']} ({len(shared)} of {len(meta['other_load'])} runs above "
+              f"{WARN_CORES}): those rows read slow for a reason the cost model cannot see",
+              file=sys.stderr)
     if not a.no_plots:
         _plots(S, res, cl, data, out, a)
     print(f"\nptd bench: {len(data['rows'])} rows in {elapsed:.0f} s; wrote {out}/scaling.json, "

@@ -95,6 +95,7 @@ class OtherLoad:
         return both
 
     def stop(self) -> None:
+        """The end of the last stage (a stage begun after it starts a new interval)."""
         self._sample("")
 
     def stages(self) -> list[dict]:

@@ -30,6 +30,14 @@ def add_plan_flags(p: argparse.ArgumentParser, *, world_flag: str = "--gpus") ->
                    help="preset, calibrated profile name, or .toml (default h100-sxm)")
     p.add_argument(world_flag, dest="gpus", type=positive_int, default=8, help="devices in all (8)")
     p.add_argument("--gpus-per-node", type=positive_int, help="devices per node (hardware's own)")
+    p.add_argument("--nodes-per-leaf", type=positive_int, metavar="N",
+                   help="nodes one leaf switch layer joins without the spine (rail-optimised: "
+                   "the leaf's downlinks, e.g. 32; top of rack: downlinks / NICs per node); "
+                   "with --spine-oversubscription")
+    p.add_argument("--spine-oversubscription", type=positive_float, metavar="R",
+                   help="leaf downlink:uplink bandwidth, e.g. 2 for 2:1 (default 1, full "
+                   "bisection): collectives spanning more than --nodes-per-leaf nodes get "
+                   "the network bandwidth / R")
     p.add_argument("--global-batch", type=positive_int,
                    help="sequences per step (default: ~4M tokens, a multiple of dp)")
     p.add_argument("--seq-len", type=positive_int, help="tokens per sequence (model's, at most 8192)")
@@ -92,6 +100,11 @@ def resolve(a: argparse.Namespace):
 
     model = load_model(a.model)
     hw = load_hardware(a.hardware)
+    leaf, over = getattr(a, "nodes_per_leaf", None), getattr(a, "spine_oversubscription", None)
+    if (leaf is None) != (over is None):
+        raise PtdError("--nodes-per-leaf and --spine-oversubscription go together")
+    if leaf is not None:
+        hw = dataclasses.replace(hw, nodes_per_leaf=leaf, spine_oversubscription=over)
     cluster = ClusterSpec(hw, a.gpus, a.gpus_per_node or 0)
     if not a.moe_imbalance >= 1.0:
         raise PtdError(f"--moe-imbalance must be at least 1 (max/mean load), got {a.moe_imbalance}")

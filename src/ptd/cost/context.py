@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..specs.hardware import DTYPE_BYTES, ClusterSpec
-from ..specs.layout import group_of, node_split, rank_of
+from ..specs.layout import axis_span, group_of, node_split, rank_of
 from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
 from .comm import collective_time
@@ -82,8 +82,9 @@ def cp_terms(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, layers:
     extra_f = t_attn * (1.0 - 1.0 / cp)
     nodes, per_node = cp_group_split(plan, cluster.devices_per_node)
     nbytes = kv_exchange_bytes(model, plan)
-    ag = collective_time("all_gather", nbytes, cp, cluster.hardware, nodes, per_node)
-    rs = collective_time("reduce_scatter", nbytes, cp, cluster.hardware, nodes, per_node)
+    hw = cluster.hardware.across_spine(axis_span("cp", plan, cluster.devices_per_node))
+    ag = collective_time("all_gather", nbytes, cp, hw, nodes, per_node)
+    rs = collective_time("reduce_scatter", nbytes, cp, hw, nodes, per_node)
     exp_f = (cp - 1) * max(0.0, ag / (cp - 1) - t_attn / cp)
     exp_b = (cp - 1) * max(0.0, rs / (cp - 1) - 2.5 * t_attn / cp)  # backward: 2.5x (compute.py)
     return CPTerms(attn_forward=layers * extra_f, attn_backward=layers * 2.5 * extra_f,

@@ -34,8 +34,8 @@ import dataclasses
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from ..specs.hardware import DTYPE_BYTES, ClusterSpec
-from ..specs.layout import axis_node_split
+from ..specs.hardware import DTYPE_BYTES, ClusterSpec, HardwareSpec
+from ..specs.layout import axis_node_split, axis_span, node_span
 from ..specs.stages import stage_to_rank
 from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
@@ -118,6 +118,15 @@ _block_time = memo(C.block_time, identity=(0, 1))
 _output_time = memo(C.output_time, identity=(0, 1))
 _overlap_loss = memo(C.overlap_loss, identity=(0, 1))
 _coll = memo(collective_time, identity=(3,))  # (kind, nbytes, n, hw, nodes, per_node)
+
+
+def _net(cluster: ClusterSpec, plan: ParallelPlan, axis: str) -> HardwareSpec:
+    """The hardware as the group along ``axis`` sees the network: across an oversubscribed
+    spine when it spans more nodes than a leaf joins (``HardwareSpec.across_spine``)."""
+    hw = cluster.hardware
+    if hw.spine_oversubscription <= 1 or not hw.nodes_per_leaf:
+        return hw
+    return hw.across_spine(axis_span(axis, plan, cluster.devices_per_node))
 
 
 def _group(plan: ParallelPlan, cluster: ClusterSpec, axis: str) -> tuple[int, int, int]:
@@ -207,7 +216,9 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     cpt = CX.cp_terms(model, plan, cluster, mbt.nl)  # context parallel: whole-sequence attention
     mbt = dataclasses.replace(mbt, f=mbt.f + cpt.attn_forward, b=mbt.b + cpt.attn_backward)
     bubble, pp_comm = pipeline(model, plan, cluster, mbt, cpt.comm_exposed)
-    dp = DP.dp_terms(model, plan, cluster, mbt, _group(plan, cluster, "dp"), _coll,
+    net = _net(cluster, plan, "grad" if plan.cp > 1 else "dp")
+    dp = DP.dp_terms(model, plan, cluster, mbt, _group(plan, cluster, "dp"),
+                     lambda kind, nbytes, n, _hw, nodes, per: _coll(kind, nbytes, n, net, nodes, per),
                      dp_overlap, recompute_early_stop, ps_servers, zero3_gather, fsdp_copy_out)
     # the runner sums a tied embedding's copies after the schedule, with the gradient
     # average (the measurement counts both as data-parallel communication): exposed
@@ -293,7 +304,7 @@ def _tp_collectives(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, 
     """Tensor-parallel collectives of one micro-batch: the activation all-reduce's time,
     how many a block runs forward and backward, and the output layer's forward count and
     time (its backward adds one all-reduce)."""
-    hw = cluster.hardware
+    hw = _net(cluster, plan, "tp")
     tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")
     act = DTYPE_BYTES[plan.dtype] * tokens * model.hidden
     # ptd's tp layers issue each collective through DTensor: its redistribution and the
@@ -348,7 +359,8 @@ def pipeline(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Mi
     _, pp_nodes, _ = _group(plan, cluster, "pp")
     act = DTYPE_BYTES[plan.dtype] * CX.local_seq(plan) * plan.micro_batch * model.hidden
     p2p_bytes = act / (plan.tp if plan.sp else 1)
-    t_p2p = _coll("send_recv", p2p_bytes, 2, cluster.hardware, 2 if pp_nodes > 1 else 1)
+    t_p2p = _coll("send_recv", p2p_bytes, 2, _net(cluster, plan, "pp_pair"),
+                  2 if pp_nodes > 1 else 1)
     return bubble, 2 * (m * v + p - 1) * t_p2p
 
 
@@ -367,7 +379,8 @@ def tied_embedding_sync(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSp
     if plan.zero >= 1:
         rows = -(-rows // plan.dp)  # torch.chunk's first (largest) chunk
     _, pp_nodes, _ = _group(plan, cluster, "pp")
-    return _coll("all_reduce", 4 * rows * cols, 2, cluster.hardware, 2 if pp_nodes > 1 else 1)
+    return _coll("all_reduce", 4 * rows * cols, 2, _net(cluster, plan, "pp"),
+                 2 if pp_nodes > 1 else 1)
 
 
 def optimizer_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: MicroBatch
@@ -403,7 +416,8 @@ def optimizer_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, m
         return optimizer, 0.0
     tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")
     n_norms = (2 * mbt.nl + 1) if model.norm == "rmsnorm" else (4 * mbt.nl + 2)
-    tp_step = n_norms * (_coll("all_reduce", 4 * model.hidden, tp_n, hw, tp_nodes, tp_per)
+    tp_step = n_norms * (_coll("all_reduce", 4 * model.hidden, tp_n, _net(cluster, plan, "tp"),
+                               tp_nodes, tp_per)
                          + mbt.wait)
     return optimizer, tp_step
 
@@ -494,7 +508,8 @@ def _ep_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Mi
     if not model.is_moe:
         return 0.0
     nodes, per_node = MOE.ep_node_split(plan, cluster.devices_per_node)
-    hw = cluster.hardware
+    hw = cluster.hardware.across_spine(node_span(MOE.ep_group_ranks(plan),
+                                                 cluster.devices_per_node))
     comm = MOE.ep_comm_time(model, plan, mbt.nl,
                             lambda kind, nbytes, n: _coll(kind, nbytes, n, hw, nodes, per_node),
                             imbalance)

@@ -27,6 +27,10 @@ from typing import Any
 
 from ..errors import PtdError, ptd_home
 
+_SPINE: dict[int, tuple[Any, Any]] = {}
+"""HardwareSpec.across_spine's derived specs by the id of the one they derive from (kept
+with it, so an id is never reused while its entry lives)."""
+
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -207,6 +211,19 @@ class HardwareSpec:
     instead of operator by operator: a CPU's kernels for it follow neither bytes nor FLOPs
     (a softmax over 8 router columns took 74 us for 512 tokens, one over 16 took 13;
     docs/moe.md)."""
+    nodes_per_leaf: int = 0
+    """Nodes whose NICs one leaf switch layer joins without the spine; 0: one non-blocking
+    fabric (the spine never slows a collective). The topology sets it: rail-optimised
+    (each GPU's NIC on its rail's leaf, so a leaf holds one NIC of every node under it and
+    reaches as many nodes as it has downlinks: 20 in a DGX A100 SuperPOD scalable unit,
+    32 in a DGX H100 one) or top of rack (every NIC of a node on one leaf: downlinks over
+    NICs per node). Read only with ``spine_oversubscription`` above 1."""
+    spine_oversubscription: float = 1.0
+    """Leaf downlink over uplink bandwidth (1: full bisection, as DGX SuperPODs are built).
+    A collective whose group spans more than ``nodes_per_leaf`` nodes crosses the spine; a
+    training step's collectives run on every node at once, so each of its network hops
+    gets ``inter_node.bandwidth / spine_oversubscription`` (a ring is as fast as its
+    slowest hop; :func:`ptd.cost.comm.collective_time`)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Where each number comes from."""
 
@@ -227,6 +244,32 @@ class HardwareSpec:
                 raise PtdError(f"hardware {self.name}: {f} must be in (0, 1]")
         if self.op_overhead < 0:
             raise PtdError(f"hardware {self.name}: op_overhead must be non-negative")
+        if isinstance(self.nodes_per_leaf, bool) or not isinstance(self.nodes_per_leaf, int) \
+                or not 0 <= self.nodes_per_leaf <= 2**20:
+            raise PtdError(f"hardware {self.name}: nodes_per_leaf must be an integer in "
+                           f"0..2**20, got {self.nodes_per_leaf!r}")
+        if not 1 <= self.spine_oversubscription <= 1000:
+            raise PtdError(f"hardware {self.name}: spine_oversubscription must be in [1, 1000] "
+                           f"(downlink over uplink bandwidth), got {self.spine_oversubscription!r}")
+
+    def across_spine(self, span_nodes: int) -> "HardwareSpec":
+        """This hardware as a collective spanning ``span_nodes`` consecutive nodes sees it:
+        itself, or, where the group crosses an oversubscribed spine, with the network
+        link's bandwidth divided by the oversubscription (the same object each time, so
+        the cost model's memos keep working)."""
+        if self.spine_oversubscription <= 1 or not self.nodes_per_leaf \
+                or span_nodes <= self.nodes_per_leaf:
+            return self
+        key = id(self)
+        hit = _SPINE.get(key)
+        if hit is None or hit[0] is not self:
+            if len(_SPINE) > 256:
+                _SPINE.clear()
+            link = dataclasses.replace(self.inter_node, bandwidth=self.inter_node.bandwidth
+                                       / self.spine_oversubscription)
+            hit = _SPINE[key] = (self, dataclasses.replace(self, inter_node=link,
+                                                             spine_oversubscription=1.0))
+        return hit[1]
         for n, pts in self.blocking_wait_measured.items():
             if not pts or any(c < 0 or w < 0 for c, w in pts):
                 raise PtdError(f"hardware {self.name}: blocking_wait_measured[{n}] needs "

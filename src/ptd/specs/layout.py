@@ -83,3 +83,20 @@ def axis_node_split(axis: Axis, plan: ParallelPlan, devices_per_node: int) -> tu
     """:func:`node_split` of the group along ``axis`` that contains rank 0 (all such groups
     are alike when ``devices_per_node`` is a multiple or divisor of the strides)."""
     return node_split(group_of(0, axis, plan), devices_per_node)
+
+
+def node_span(ranks: list[int], devices_per_node: int) -> int:
+    """Consecutive nodes from a group's first member to its last (nodes are numbered as the
+    ranks are laid out, so consecutive nodes sit under the same leaf switches first)."""
+    return max(ranks) // devices_per_node - min(ranks) // devices_per_node + 1
+
+
+def axis_span(axis: str, plan: ParallelPlan, devices_per_node: int) -> int:
+    """:func:`node_span` of the rank-0 group along ``axis`` (every such group spans as many
+    nodes); ``grad``: data and context parallel together (gradient averaging), ``pp_pair``:
+    two neighbouring pipeline stages (a point-to-point transfer)."""
+    if axis == "grad":
+        return node_span([0, (plan.dp * plan.cp - 1) * plan.tp], devices_per_node)
+    if axis == "pp_pair":
+        return node_span([0, stride("pp", plan) if plan.pp > 1 else 0], devices_per_node)
+    return node_span(group_of(0, axis, plan), devices_per_node)  # type: ignore[arg-type]

@@ -58,8 +58,9 @@ def test_our_own_children_count_as_ours_alive_and_reaped():
 @pytest.mark.timeout(180)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc: Linux")
 def test_a_calibration_beside_busy_loops_says_so(tmp_path):
+    # one busy loop: a whole core of other work (more would only slow a parallel test run)
     burn = "import time\nt=time.time()\nwhile time.time()-t<90: pass"
-    burners = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(os.cpu_count() or 1)]
+    burners = [subprocess.Popen([sys.executable, "-c", burn])]
     try:
         time.sleep(0.5)
         env = {**os.environ, "PTD_HOME": str(tmp_path / "home")}

@@ -49,17 +49,31 @@ def terminate_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+_prctl: Any = None
+
+
+def _load_prctl() -> Any:
+    """libc's ``prctl``, looked up once (None off Linux or where it cannot be found). Looked
+    up in the parent before a fork, so that the child's ``preexec_fn`` only calls it: a
+    ``dlopen`` between ``fork`` and ``exec`` could wait on a loader lock another thread of
+    the parent held at the fork."""
+    global _prctl
+    if _prctl is None and sys.platform.startswith("linux"):
+        try:
+            _prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            _prctl = False
+    return _prctl or None
+
+
 def die_with_parent(sig: int = signal.SIGKILL) -> bool:
     """Ask the kernel to send ``sig`` to this process when its parent dies (Linux); False
     where that cannot be asked. A parent already gone by then counts as dead: ``sig`` now."""
-    if not sys.platform.startswith("linux"):
+    prctl = _load_prctl()
+    if prctl is None:
         return False
     parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-            return False
-    except (OSError, AttributeError):
+    if prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         return False
     if os.getppid() != parent:  # the parent died before the request took effect
         os.kill(os.getpid(), sig)
@@ -73,6 +87,7 @@ def run_child(cmd: Sequence[str], timeout: float | None = None, grace: float = 2
     ``ptd train`` child's elastic agent stops its own workers, and killed after ``grace``
     seconds; the child gets SIGTERM if ptd dies without a word (SIGKILL).
     ``subprocess.TimeoutExpired`` is raised after the child has ended."""
+    _load_prctl()  # here, not in the forked child
     p = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=env, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
     with terminate_on_sigterm():

@@ -28,6 +28,10 @@ def test_the_warning_judges_stages_long_enough_to_count():
              {"stage": "b", "seconds": 0.1, "cores": 0.9}]  # 0.1 s: a tick or two of noise
     assert warning(quiet, 2) is None
     assert warning([{"stage": "a", "seconds": 3.0, "cores": 0.24}], 2) is None
+    runs = [{"run": "n2-dp2-tp1-pp1-z0", "seconds": 9.0, "cores": 0.5}]
+    assert warning(runs, 2, key="run", consequence="slow rows").startswith(
+        "warning: other processes kept 0.50 of 2 cores busy during 'n2-dp2-tp1-pp1-z0' "
+        "(1 of 1 runs of 0.5 s or more")
     shared = quiet + [{"stage": "matmul fp32 x2", "seconds": 2.0, "cores": 0.8},
                       {"stage": "memory x2", "seconds": 4.0, "cores": 0.3}]
     w = warning(shared, 2)

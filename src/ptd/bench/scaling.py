@@ -137,7 +137,7 @@ def measure(out: Path, *, model: str, seq_len: int, global_batch: int, steps: in
                 if rounds > 1:
                     name += f"-r{rnd}"
                 t0 = time.perf_counter()
-                watch._sample(name)
+                watch.mark(name)
                 s = train_subprocess(out / "runs" / name,
                                      [*common, *train_flags(lay, global_batch)], run_timeout)
                 watch.stop()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -124,14 +125,11 @@ def run(a: argparse.Namespace) -> int:
     line = drift.describe(before, after)
     if line:
         print(f"\n{line}")
-    from ..runtime.calibrate.quiet import WARN_CORES
-    shared = [r for r in meta["other_load"] if r["cores"] >= WARN_CORES]
+    from ..runtime.calibrate.quiet import warning
+    shared = warning(meta["other_load"], os.cpu_count() or 1, key="run",
+                     consequence="those rows read slow for a reason the cost model cannot see")
     if shared:
-        worst = max(shared, key=lambda r: r["cores"])
-        print(f"ptd bench: warning: other processes kept {worst['cores']:.2f} cores busy during "
-              f"{worst['run']} ({len(shared)} of {len(meta['other_load'])} runs above "
-              f"{WARN_CORES}): those rows read slow for a reason the cost model cannot see",
-              file=sys.stderr)
+        print(f"ptd bench: {shared}", file=sys.stderr)
     if not a.no_plots:
         _plots(S, res, cl, data, out, a)
     print(f"\nptd bench: {len(data['rows'])} rows in {elapsed:.0f} s; wrote {out}/scaling.json, "

@@ -82,7 +82,8 @@ class OtherLoad:
         self.samples: list[tuple[str, float, int, int]] = []
         self.ok = _busy_ticks() is not None
 
-    def _sample(self, label: str) -> None:
+    def mark(self, label: str) -> None:
+        """A stage (or run) named ``label`` starts now."""
         if self.ok:
             busy = _busy_ticks()
             if busy is not None:
@@ -90,13 +91,13 @@ class OtherLoad:
 
     def tick(self, on_tick: Callable[[str], None]) -> Callable[[str], None]:
         def both(label: str) -> None:
-            self._sample(label)
+            self.mark(label)
             on_tick(label)
         return both
 
     def stop(self) -> None:
         """The end of the last stage (a stage begun after it starts a new interval)."""
-        self._sample("")
+        self.mark("")
 
     def stages(self) -> list[dict]:
         """``{"stage", "seconds", "cores"}`` for each stage, in order."""
@@ -112,14 +113,16 @@ MIN_STAGE_S = 0.5
 more or less in a 0.1 s stage reads as 0.1 core (0.0-0.23 in short stages of a quiet run)."""
 
 
-def warning(stages: list[dict], cpu_count: int) -> str | None:
-    """The warning line for a calibration other work shared, or None."""
-    judged = [s for s in stages if s["seconds"] >= MIN_STAGE_S]
+def warning(entries: list[dict], cpu_count: int, key: str = "stage",
+            consequence: str = "the rates measured then read low; run ptd calibrate again "
+                               "on a quiet machine") -> str | None:
+    """The warning line for stages (or a bench's runs, ``key="run"``) that other work
+    shared, or None."""
+    judged = [s for s in entries if s["seconds"] >= MIN_STAGE_S]
     busy = [s for s in judged if s["cores"] >= WARN_CORES]
     if not busy:
         return None
     worst = max(busy, key=lambda s: s["cores"])
     return (f"warning: other processes kept {worst['cores']:.2f} of {cpu_count} cores busy "
-            f"during '{worst['stage']}' ({len(busy)} of {len(judged)} stages of "
-            f"{MIN_STAGE_S:g} s or more above {WARN_CORES}): the rates measured then read "
-            "low; run ptd calibrate again on a quiet machine")
+            f"during '{worst[key]}' ({len(busy)} of {len(judged)} {key}s of "
+            f"{MIN_STAGE_S:g} s or more above {WARN_CORES}): {consequence}")

@@ -138,10 +138,26 @@ def test_unwritable_output_refused_before_work(capfd, home, monkeypatch, argv, m
     (["train", "--model", "tiny", "--resume", ""], "--resume needs"),
     (["train", "--model", "tiny", "--steps", "5", "--warmup", "5"], "--warmup 5 >= --steps 5"),
     (["train", "--model", "tiny", "--threads", "100000"], "--threads 100000: this host has"),
+    # nothing would be written to --output without --export or --run
+    (["plan", "--model", "tiny", "--gpus", "2", "-o", "p.toml"], "--output names where --export"),
+    # a dense model has no experts to balance; an MoE's worst case is every token on the
+    # same top_k experts: tiny-moe has 8 experts, top-2, so at most 8 / 2 = 4
+    (["estimate", "--model", "tiny", "--moe-imbalance", "1.5"], "tiny is dense"),
+    (["plan", "--model", "tiny", "--gpus", "2", "--moe-imbalance", "2"], "tiny is dense"),
+    (["estimate", "--model", "tiny-moe", "--moe-imbalance", "4.01"], "between 1 and n_experts / top_k = 4 "),
+    (["estimate", "--model", "tiny-moe", "--moe-imbalance", "inf"], "between 1 and"),
+    (["estimate", "--model", "tiny-moe", "--moe-imbalance", "nan"], "between 1 and"),
+    (["estimate", "--model", "tiny-moe", "--moe-imbalance", "0.99"], "between 1 and"),
 ])
 def test_flags_without_effect_refused(capfd, home, monkeypatch, argv, match):
     forbid_processes(monkeypatch)
     refused(capfd, *argv, match=re.escape(match))
+    assert not any(home.iterdir()) or [p.name for p in home.iterdir()] == ["home"]
+
+
+def test_moe_imbalance_at_its_bound_is_priced(capfd):
+    # exactly n_experts / top_k (every token on the same two of tiny-moe's eight experts)
+    assert main(["estimate", "--model", "tiny-moe", "--gpus", "2", "--moe-imbalance", "4"]) == 0
 
 
 @pytest.mark.parametrize("argv", [

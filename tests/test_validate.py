@@ -155,6 +155,31 @@ def test_unpriceable_cases_are_error_rows_with_the_reason():
     assert s["overall"]["cases"] == 1 and s["overall"]["errors"] == 2
 
 
+@pytest.mark.parametrize("over,message", [
+    ({"hardware": {"peak_tflops": "abc"}}, "hardware.peak_tflops must be a positive number"),
+    ({"hardware": {"peak_tflops": 0}}, "hardware.peak_tflops must be a positive number"),
+    ({"hardware": {"peak_tflops": float("inf")}}, "hardware.peak_tflops must be a positive number"),
+    ({"hardware": {"gpus_total": float("inf")}}, "hardware.gpus_total must be a positive whole"),
+    ({"model": {"layers": float("inf")}}, "model.layers must be a positive whole"),
+    ({"plan": {"micro_batch": float("nan")}}, "plan.micro_batch must be a positive whole"),
+])
+def test_bad_numbers_in_a_case_are_its_error_row(over, message):
+    r = price(_case(**over))
+    assert message in r.error and r.rel_error is None
+
+
+def test_mfu_is_compared_over_the_cases_own_peak():
+    # MFU = model FLOP/s / peak: the same run over half the peak reads twice the MFU. The
+    # case's peak is the published figure's denominator, whatever ptd's preset says.
+    full, half = price(_case()), price(_case(hardware={"peak_tflops": 989 / 2}))
+    assert full.error == half.error == "" and full.metric == half.metric == "mfu"
+    assert half.predicted == pytest.approx(2 * full.predicted, rel=1e-12)
+    none = price(_case(hardware={"peak_tflops": None}))  # no peak given: the preset's
+    from ptd.specs import load_hardware
+    assert none.predicted == pytest.approx(full.predicted * 989e12 / load_hardware("h100-sxm").peak("bf16"),
+                                           rel=1e-12)
+
+
 def test_context_parallel_cases_are_priced_with_cp():
     # Llama 3 405B's long-context row is the kind of case this is for: cp takes GPUs from dp
     r = price(_case(model={"seq_len": 32768}, plan={"dp": 16, "cp": 4, "global_batch": 16}))

@@ -62,6 +62,9 @@ def plan(a: argparse.Namespace) -> None:
             setattr(a, name, default)
     _timeout(a.run_timeout, "--run-timeout")
     from .safeio import check_writable
+    if a.output and not (a.export or a.run):
+        # nothing would be written there: a silent success would leave the user looking for it
+        raise PtdError("--output names where --export or --run writes; give one of them")
     if a.output:
         check_writable(a.output, "--output", kind="file")
     if try_k:

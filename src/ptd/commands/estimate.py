@@ -61,7 +61,8 @@ def add_plan_flags(p: argparse.ArgumentParser, *, world_flag: str = "--gpus") ->
     p.add_argument("--no-dp-overlap", action="store_true",
                    help="gradient reduction runs after backward instead of overlapping it")
     p.add_argument("--moe-imbalance", type=float, default=1.0, metavar="X",
-                   help="MoE: busiest expert-parallel rank's load over the mean, >= 1 (1)")
+                   help="MoE: busiest expert-parallel rank's load over the mean, from 1 to "
+                        "n_experts / top_k (every token on the same experts) (1)")
     p.add_argument("--tp-mode", choices=["1d", "2d", "2.5d", "3d"], default="1d",
                    help="also price tensor parallelism as 2D (tp = q^2), 2.5D (q^2 x --depth) or "
                         "3D (q^3) beside the 1D plan (priced only; ptd train runs 1d, and 2d with --tp-mode 2d)")
@@ -106,8 +107,7 @@ def resolve(a: argparse.Namespace):
     if leaf is not None:
         hw = dataclasses.replace(hw, nodes_per_leaf=leaf, spine_oversubscription=over)
     cluster = ClusterSpec(hw, a.gpus, a.gpus_per_node or 0)
-    if not a.moe_imbalance >= 1.0:
-        raise PtdError(f"--moe-imbalance must be at least 1 (max/mean load), got {a.moe_imbalance}")
+    check_moe_imbalance(a.moe_imbalance, model)
     dp_comm, servers = getattr(a, "dp_comm", "allreduce"), getattr(a, "servers", None)
     if (dp_comm == "ps") != (servers is not None):
         raise PtdError("--dp-comm ps and --servers S go together")
@@ -118,6 +118,19 @@ def resolve(a: argparse.Namespace):
     if a.no_dp_overlap:
         opts = dataclasses.replace(opts, dp_overlap=False)
     return model, cluster, opts
+
+
+def check_moe_imbalance(x: float, model) -> None:
+    """The busiest expert-parallel rank's load over the mean: at least 1, and at most what
+    sending every token to the same ``top_k`` experts gives (``n_experts / top_k``)."""
+    if x == 1.0:
+        return
+    if not model.n_experts:
+        raise PtdError(f"--moe-imbalance applies to mixture-of-experts models; {model.name} is dense")
+    most = model.n_experts / max(model.top_k, 1)
+    if not 1.0 <= x <= most:  # also refuses nan and inf
+        raise PtdError(f"--moe-imbalance must be between 1 and n_experts / top_k = {most:g} "
+                       f"(max/mean load), got {x}")
 
 
 def default_seq_len(model) -> int:

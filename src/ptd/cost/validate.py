@@ -50,7 +50,9 @@ reason, never skipped.
   GPU, compared with ptd's), else ``iter_time_s`` (the step time; the error is
   ``T_measured / T_predicted - 1``, positive when the model is too fast, like the rates').
   Otherwise a rate derived from the step time through the source's FLOP count: ``mfu``
-  (compared with ptd's MFU), else ``hfu`` (ptd's HFU, recomputation counted), else
+  (compared with ptd's MFU), else ``hfu`` (ptd's HFU, recomputation counted) -- both over
+  the case's ``peak_tflops`` where it gives one (the published figure's denominator; else
+  the preset's peak) -- else
   ``tflops_per_gpu`` (ptd's hardware FLOP rate: for GPT-shaped models ptd's count is exactly
   Narayanan et al. 2021 eq. 3, the convention of the sources that give bare TFLOP/s). A FLOP
   rate compares step times only where the source counted FLOPs as ptd does; sources differ
@@ -157,7 +159,8 @@ def load_cases(path: str | Path | None = None) -> list[dict[str, Any]]:
 
 
 def _int(v: Any, what: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 1:
+    if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+            or v != int(v) or v < 1):
         raise PtdError(f"{what} must be a positive whole number, got {v!r}")
     return int(v)
 
@@ -341,6 +344,7 @@ def price(c: dict[str, Any], stack: str | None = None) -> CaseResult:
         r.stack = stack or case_stack(c)
         model = case_model(c)
         cluster = case_cluster(c)
+        peak = case_peak(c)
         plan, free = case_plan(c, model)
         options = stack_options(r.stack, cluster.hardware)
         policy = _selective_policy(c["plan"].get("recompute"))
@@ -355,13 +359,27 @@ def price(c: dict[str, Any], stack: str | None = None) -> CaseResult:
         r.error = (f"does not fit: {est.memory.total / 2**30:.1f} GiB per device needed "
                    f"with the least-memory choice")
         return r
-    r.metric, r.published, r.predicted = _compare(c["measured"], est)
+    r.metric, r.published, r.predicted = _compare(c["measured"], est, peak)
     return r
 
 
-def _compare(measured: dict[str, Any], est: Estimate) -> tuple[str, float, float]:
+def case_peak(c: dict[str, Any]) -> float | None:
+    """The case's ``hardware.peak_tflops`` in FLOP/s (the denominator of its published MFU
+    and HFU), or None where it gives none."""
+    v = c["hardware"].get("peak_tflops")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e6:
+        raise PtdError(f"hardware.peak_tflops must be a positive number of TFLOP/s, got {v!r}")
+    return float(v) * 1e12
+
+
+def _compare(measured: dict[str, Any], est: Estimate,
+             peak: float | None = None) -> tuple[str, float, float]:
     """(metric, published, predicted): a measurement where the case gives one, else a FLOP
-    rate (module docstring, "The published figure")."""
+    rate (module docstring, "The published figure"). ``peak``: the case's peak FLOP/s, over
+    which its MFU and HFU were taken (ptd's own peak where None)."""
+    scale = est.peak / peak if peak else 1.0
     for key in FIGURES:
         v = measured.get(key)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
@@ -370,9 +388,9 @@ def _compare(measured: dict[str, Any], est: Estimate) -> tuple[str, float, float
             if key == "iter_time_s":
                 return key, float(v), est.step.total
             if key == "mfu":
-                return key, float(v), est.mfu
+                return key, float(v), est.mfu * scale
             if key == "hfu":
-                return key, float(v), est.hfu
+                return key, float(v), est.hfu * scale
             return key, float(v), est.hfu * est.peak / 1e12
     raise PtdError("no published figure")  # load_cases checked this
 

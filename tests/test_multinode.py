@@ -183,6 +183,15 @@ def test_slurm_script(ptd_cli, tmp_path):
     (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank 2 is not in"),
     (["--nnodes", "2", "--rdzv-endpoint", "nohost"], "is not HOST:PORT"),
     (["--nnodes", "3", "--rdzv-endpoint", "h:1"], "do not divide over 3 nodes"),
+    (["--nnodes", "2", "--rdzv-endpoint", "h:0"], "is not HOST:PORT"),  # ports are 1-65535
+    (["--nnodes", "2", "--rdzv-endpoint", "h:65536"], "is not HOST:PORT"),
+    # one node: nothing would meet there, and the flags would be ignored in silence
+    (["--rdzv-endpoint", "h:29500"], "--rdzv-endpoint has no effect with --nnodes 1"),
+    (["--rdzv-id", "job7"], "--rdzv-id has no effect with --nnodes 1"),
+    (["--node-rank", "1"], "--node-rank has no effect with --nnodes 1"),
+    # the Slurm script names its head node and node ranks itself
+    (["--nnodes", "2", "--slurm-script", "s.sh", "--rdzv-endpoint", "h:1"],
+     "--rdzv-endpoint has no effect with --slurm-script"),
 ])
 def test_bad_node_flags_one_line(ptd_cli, tmp_path, flags, msg):
     rc, _, err = ptd_cli("train", *COMMON, *PLAN, "--out", str(tmp_path / "x"), *flags)

@@ -119,6 +119,14 @@ def train(a: argparse.Namespace, cfg: Any) -> None:
             if os.path.exists(p):
                 raise PtdError(f"--out {out!r} holds an earlier run ({name}); continue it with "
                                "--resume, pass --force to replace it, or choose another --out")
+    # where the nodes meet is torchrun's business only in a multi-node job started by hand
+    # (--slurm-script's script names its own head node and node ranks)
+    multi = getattr(a, "nnodes", 1) > 1 and not getattr(a, "slurm_script", None)
+    for name, default in (("rdzv_endpoint", None), ("rdzv_id", "ptd"), ("node_rank", 0)):
+        if not multi and getattr(a, name, default) != default:
+            where = "with --slurm-script" if getattr(a, "slurm_script", None) else "with --nnodes 1"
+            raise PtdError(f"{_flag(name)} has no effect {where}: it names a node of a "
+                           "multi-node job started on each node (--nnodes N > 1)")
     cores = os.cpu_count() or 1
     if a.threads is not None and a.threads > cores:
         raise PtdError(f"--threads {a.threads}: this host has {cores} CPU core(s)")

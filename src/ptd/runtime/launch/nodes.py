@@ -49,7 +49,7 @@ class Nodes:
         if not 0 <= self.node_rank < self.nnodes:
             raise PtdError(f"--node-rank {self.node_rank} is not in [0, {self.nnodes})")
         host, _, port = self.rdzv_endpoint.rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise PtdError(f"--rdzv-endpoint {self.rdzv_endpoint!r} is not HOST:PORT")
 
     @property

@@ -135,6 +135,17 @@ def test_unwritable_output_refused_before_work(capfd, home, monkeypatch, argv, m
     (["bench", "scaling", "--run-timeout", "0"], "--run-timeout must be > 0"),
     (["bench", "scaling", "--run-timeout", "nan"], "--run-timeout must be > 0"),
     (["bench", "scaling", "--strategies", "ddp,zero1,ddp"], "named twice"),
+    # a grid whose runs ptd train would refuse is refused before the first run, not row by
+    # row minutes in: 3 sequences do not split over 2 replicas; tiny's 4 key/value heads
+    # over tp 8; small's 512 positions
+    (["bench", "scaling", "--global-batch", "3"], "ddp on 2 worker(s) (dp2 tp1 pp1 zero0 mb1 gb3): global batch 3"),
+    (["bench", "scaling", "--model", "tiny", "--workers", "1,8", "--strategies", "tp"],
+     "tp on 8 worker(s) (dp1 tp8 pp1 zero0 mb16 gb16): tiny: 4 key/value heads"),
+    (["bench", "scaling", "--seq-len", "513"], "--seq-len 513 exceeds small's max_seq_len 512"),
+    # the cluster tables are priced before the runs: their flags too
+    (["bench", "scaling", "--cluster-model", "nope"], "--cluster-model: unknown model preset 'nope'"),
+    (["bench", "scaling", "--cluster-hardware", "nope"], "--cluster-hardware: unknown hardware 'nope'"),
+    (["bench", "scaling", "--cluster-gpus", "7"], "no cluster layout applies to --cluster-gpus 7"),
     (["train", "--model", "tiny", "--resume", ""], "--resume needs"),
     (["train", "--model", "tiny", "--steps", "5", "--warmup", "5"], "--warmup 5 >= --steps 5"),
     (["train", "--model", "tiny", "--threads", "100000"], "--threads 100000: this host has"),

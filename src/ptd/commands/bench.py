@@ -84,9 +84,25 @@ def run(a: argparse.Namespace) -> int:
     if 1 not in a.workers:
         raise PtdError("--workers must include 1 (the baseline of the speedups)")
     from ..specs import load_model
-    load_model(a.model)  # validate before anything runs
+    check_runs(S, load_model(a.model), a)  # every run's plan, before anything runs
     from .. import flagcheck
     flagcheck.bench(a)  # --run-timeout, writable --out, hardware of this host
+    # the cluster tables are the cost model's alone: priced first, so that a bad
+    # --cluster-* flag is refused before minutes of runs rather than after them
+    from ..specs import load_hardware
+    for flag, load, name in (("--cluster-model", load_model, a.cluster_model),
+                             ("--cluster-hardware", load_hardware, a.cluster_hardware)):
+        try:
+            load(name)
+        except PtdError as e:
+            raise PtdError(f"{flag}: {e}") from None
+    cl = S.cluster_tables(a.cluster_model, a.cluster_hardware, a.cluster_gpus, a.cluster_seq_len,
+                          a.cluster_global_batch, a.strategies)
+    if not cl["speedup"]:
+        raise PtdError(f"no cluster layout applies to --cluster-gpus "
+                       f"{','.join(map(str, a.cluster_gpus))} with --cluster-global-batch "
+                       f"{a.cluster_global_batch} (each size's data-parallel ranks must divide "
+                       "the global batch; tp, pp and 3d need multiples of 8 and 4)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     from ..runtime.calibrate.first_run import ensure_profile
@@ -101,8 +117,6 @@ def run(a: argparse.Namespace) -> int:
                      hardware=a.hardware, run_timeout=a.run_timeout, rounds=a.rounds)
     after = drift.check(hw) if before else None
     res = S.tables(data, a.strategies, a.workers)
-    cl = S.cluster_tables(a.cluster_model, a.cluster_hardware, a.cluster_gpus, a.cluster_seq_len,
-                          a.cluster_global_batch, a.strategies)
     elapsed = time.perf_counter() - t0
     meta = {"model": a.model, "seq_len": a.seq_len, "global_batch": a.global_batch,
             "steps": a.steps, "workers": a.workers, "strategies": a.strategies,
@@ -135,6 +149,28 @@ def run(a: argparse.Namespace) -> int:
     print(f"\nptd bench: {len(data['rows'])} rows in {elapsed:.0f} s; wrote {out}/scaling.json, "
           f"*.csv{'' if a.no_plots else ', *.png'}")
     return bench_status(data["rows"], res)
+
+
+def check_runs(S, model, a: argparse.Namespace) -> None:  # type: ignore[no-untyped-def]
+    """Refuse, before the first run, a grid with a run ``ptd train`` would refuse (a bench
+    that fails its rows one by one, minutes in, has measured nothing worth keeping)."""
+    from ..planner.search import runtime_refuses
+    from ..specs import ParallelPlan
+    if a.seq_len > model.max_seq_len:
+        raise PtdError(f"--seq-len {a.seq_len} exceeds {model.name}'s max_seq_len {model.max_seq_len}")
+    for n in a.workers:
+        for strat in a.strategies:
+            lay = S.layout(strat, n)
+            flags = S.train_flags(lay, a.global_batch)
+            mb = int(flags[flags.index("--micro-batch") + 1])
+            plan = ParallelPlan(dp=lay.dp, tp=lay.tp, pp=lay.pp, zero=lay.zero, micro_batch=mb,
+                                global_batch=a.global_batch, seq_len=a.seq_len,
+                                schedule="1f1b")
+            try:
+                plan.validate(model, lay.n)
+                runtime_refuses(model, plan)
+            except PtdError as e:
+                raise PtdError(f"{strat} on {n} worker(s) ({plan.describe()}): {e}") from None
 
 
 def bench_status(rows: list, res: dict) -> int:

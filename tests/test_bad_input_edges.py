@@ -166,6 +166,19 @@ def test_flags_without_effect_refused(capfd, home, monkeypatch, argv, match):
     assert not any(home.iterdir()) or [p.name for p in home.iterdir()] == ["home"]
 
 
+def test_threads_beyond_the_host_refused_from_a_config_file_too(capfd, home, monkeypatch):
+    forbid_processes(monkeypatch)
+    import os
+    assert main(["train", "--model", "tiny", "--dry-run", "--out", "r"]) == 0
+    capfd.readouterr()
+    text = (home / "r" / "config.toml").read_text()
+    assert "\nthreads = 1\n" in text
+    many = (os.cpu_count() or 1) + 1
+    (home / "c.toml").write_text(text.replace("\nthreads = 1\n", f"\nthreads = {many}\n"))
+    refused(capfd, "train", "--config", "c.toml", "--dry-run", "--force",
+            match=re.escape(f"threads (--config) {many}: this host has"))
+
+
 def test_moe_imbalance_at_its_bound_is_priced(capfd):
     # exactly n_experts / top_k (every token on the same two of tiny-moe's eight experts)
     assert main(["estimate", "--model", "tiny-moe", "--gpus", "2", "--moe-imbalance", "4"]) == 0

@@ -128,8 +128,10 @@ def train(a: argparse.Namespace, cfg: Any) -> None:
             raise PtdError(f"{_flag(name)} has no effect {where}: it names a node of a "
                            "multi-node job started on each node (--nnodes N > 1)")
     cores = os.cpu_count() or 1
-    if a.threads is not None and a.threads > cores:
-        raise PtdError(f"--threads {a.threads}: this host has {cores} CPU core(s)")
+    threads = a.threads if a.threads is not None else getattr(cfg, "threads", None)
+    if isinstance(threads, int) and threads > cores:  # the flag's or the --config file's
+        where = "--threads" if a.threads is not None else "threads (--config)"
+        raise PtdError(f"{where} {threads}: this host has {cores} CPU core(s)")
 
 
 def _gpus() -> int:

@@ -146,6 +146,10 @@ def test_unwritable_output_refused_before_work(capfd, home, monkeypatch, argv, m
     (["bench", "scaling", "--cluster-model", "nope"], "--cluster-model: unknown model preset 'nope'"),
     (["bench", "scaling", "--cluster-hardware", "nope"], "--cluster-hardware: unknown hardware 'nope'"),
     (["bench", "scaling", "--cluster-gpus", "7"], "no cluster layout applies to --cluster-gpus 7"),
+    # 3 divides no layout of 64 devices: the line names what was held (it named nothing)
+    (["plan", "--model", "llama3-8b", "--gpus", "64", "--cp", "3,5"], "no layout dp*tp*pp*cp = 64 has cp in 3,5"),
+    (["plan", "--model", "llama3-8b", "--gpus", "64", "--fix", "cp=3"], "no layout dp*tp*pp*cp = 64 has cp=3"),
+    (["plan", "--model", "llama3-8b", "--gpus", "64", "--fix", "tp=3"], "no layout dp*tp*pp = 64 has tp=3\n"),
     (["train", "--model", "tiny", "--resume", ""], "--resume needs"),
     (["train", "--model", "tiny", "--steps", "5", "--warmup", "5"], "--warmup 5 >= --steps 5"),
     (["train", "--model", "tiny", "--threads", "100000"], "--threads 100000: this host has"),

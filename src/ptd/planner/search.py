@@ -272,8 +272,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: i
                 best_keys[kv] = k
                 res.best_by[kv] = e
     if res.layouts_considered == 0:
-        held = ", ".join(f"{k}={fixed[k]}" for k in ("dp", "tp", "pp") if k in fixed)
-        raise PtdError(f"no layout dp*tp*pp = {cluster.n_devices} has {held}")
+        held = [f"{k}={fixed[k]}" for k in ("dp", "tp", "pp", "cp") if k in fixed]
+        searched_cp = "cp" not in fixed and list(cp_values) != [1]
+        if searched_cp:
+            held.append("cp in " + ",".join(map(str, cp_values)))
+        what = "dp*tp*pp*cp" if searched_cp or "cp" in fixed else "dp*tp*pp"
+        raise PtdError(f"no layout {what} = {cluster.n_devices} has {', '.join(held) or 'these settings'}")
     keyed.sort(key=lambda ke: ke[0])
     res.ranked = [e for _, e in keyed]
     res.elapsed_s = time.perf_counter() - t0

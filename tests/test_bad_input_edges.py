@@ -153,6 +153,11 @@ def test_unwritable_output_refused_before_work(capfd, home, monkeypatch, argv, m
     (["train", "--model", "tiny", "--resume", ""], "--resume needs"),
     (["train", "--model", "tiny", "--steps", "5", "--warmup", "5"], "--warmup 5 >= --steps 5"),
     (["train", "--model", "tiny", "--threads", "100000"], "--threads 100000: this host has"),
+    # a schedule and uneven stages shape a pipeline: with pp 1 they would change nothing
+    (["train", "--model", "tiny", "--dry-run", "--schedule", "zero-bubble"], "--schedule applies to pipeline"),
+    (["train", "--model", "tiny", "--dry-run", "--uneven-stages"], "--uneven-stages applies to pipeline"),
+    (["estimate", "--model", "tiny", "--schedule", "gpipe"], "--schedule applies to pipeline parallelism (--pp > 1)"),
+    (["estimate", "--model", "tiny", "--uneven-stages"], "--uneven-stages applies to pipeline"),
     # nothing would be written to --output without --export or --run
     (["plan", "--model", "tiny", "--gpus", "2", "-o", "p.toml"], "--output names where --export"),
     # a dense model has no experts to balance; an MoE's worst case is every token on the

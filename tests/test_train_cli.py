@@ -222,3 +222,19 @@ def test_rendezvous_event_names_are_the_callers_as_torch_names_them():
         assert recording_method(fast, depth) == recording_method(as_torch, depth)
     assert recording_method(fast, 2) == "recording_method"
     assert fast(10_000) == "no_method_name"
+
+
+@pytest.mark.parametrize("pp,mb", [(2, 2), (4, 1)])
+def test_default_micro_batch_leaves_a_pipeline_enough_micro_batches(tmp_path, monkeypatch, pp, mb):
+    # the default plan: dp 4, global batch 16, micro-batch 4 -- one micro-batch a replica,
+    # fewer than pp. 16 / 4 = 4 sequences a replica: pp 2 needs >= 2 micro-batches (mb 2),
+    # pp 4 needs 4 (mb 1). A micro-batch the user gives is kept, and refused with the reason.
+    import tomllib
+    from ptd.cli import main
+    monkeypatch.setenv("PTD_HOME", str(tmp_path / "home"))
+    out = tmp_path / f"pp{pp}"
+    assert main(["train", "--model", "tiny", "--pp", str(pp), "--dry-run", "--out", str(out)]) == 0
+    plan = tomllib.loads((out / "config.toml").read_text())["plan"]
+    assert (plan["dp"], plan["pp"], plan["global_batch"], plan["micro_batch"]) == (4, pp, 16, mb)
+    assert main(["train", "--model", "tiny", "--pp", str(pp), "--micro-batch", "4", "--dry-run",
+                 "--out", str(tmp_path / "given")]) == 2

@@ -119,6 +119,7 @@ def train(a: argparse.Namespace, cfg: Any) -> None:
             if os.path.exists(p):
                 raise PtdError(f"--out {out!r} holds an earlier run ({name}); continue it with "
                                "--resume, pass --force to replace it, or choose another --out")
+    pipeline_only(getattr(a, "schedule", None), getattr(a, "uneven_stages", None), cfg.plan.pp)
     # where the nodes meet is torchrun's business only in a multi-node job started by hand
     # (--slurm-script's script names its own head node and node ranks)
     multi = getattr(a, "nnodes", 1) > 1 and not getattr(a, "slurm_script", None)
@@ -132,6 +133,14 @@ def train(a: argparse.Namespace, cfg: Any) -> None:
     if isinstance(threads, int) and threads > cores:  # the flag's or the --config file's
         where = "--threads" if a.threads is not None else "threads (--config)"
         raise PtdError(f"{where} {threads}: this host has {cores} CPU core(s)")
+
+
+def pipeline_only(schedule: Any, uneven: Any, pp: int) -> None:
+    """--schedule and --uneven-stages shape a pipeline; with pp 1 they would change nothing."""
+    if pp == 1:
+        for flag, given in (("--schedule", schedule is not None), ("--uneven-stages", bool(uneven))):
+            if given:
+                raise PtdError(f"{flag} applies to pipeline parallelism (--pp > 1); this plan has pp 1")
 
 
 def _gpus() -> int:

@@ -149,6 +149,8 @@ def run(a: argparse.Namespace) -> int:
         dp = a.gpus // (tp * pp * cp)
     else:
         dp = a.dp
+    from ..flagcheck import pipeline_only
+    pipeline_only(a.schedule, a.uneven_stages, pp)
     seq = a.seq_len or default_seq_len(model)
     gb = a.global_batch or default_global_batch(seq, dp)
     free = []

@@ -62,7 +62,8 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="allow layers not divisible by the stages (cost-balanced split)")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3),
                    help="0 DDP, 1 sharded optimizer states, 2 +gradients, 3 +parameters (FSDP)")
-    g.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch per replica")
+    g.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch per replica (4; with --pp > 1 "
+                        "and no --config, at most what leaves pp micro-batches a step)")
     g.add_argument("--global-batch", type=positive_int, help="sequences per optimizer step")
     g.add_argument("--seq-len", type=positive_int, help="tokens per sequence")
     g.add_argument("--recompute", choices=("none", "selective", "full"), help="activation checkpointing")
@@ -158,6 +159,20 @@ def base_config(a: argparse.Namespace):  # -> TrainConfig
     return TrainConfig()
 
 
+def _enough_micro_batches(plan):  # (ParallelPlan) -> ParallelPlan
+    """The default micro-batch, made smaller where it would leave a pipeline fewer
+    micro-batches a step than stages (every schedule ptd runs needs at least pp): the
+    largest that divides a replica's batch into pp or more. Unchanged where none does
+    (the plan's check then says why)."""
+    if plan.global_batch % plan.dp:
+        return plan
+    per = plan.global_batch // plan.dp
+    if per // plan.micro_batch >= plan.pp:
+        return plan
+    fits = [mb for mb in range(1, per + 1) if per % mb == 0 and per // mb >= plan.pp]
+    return plan.replace(micro_batch=max(fits)) if fits else plan
+
+
 def resolve(a: argparse.Namespace):  # -> tuple[TrainConfig, int]
     """Defaults < --config < flags; returns the config and the number of workers."""
     from ..specs import load_model
@@ -175,6 +190,8 @@ def resolve(a: argparse.Namespace):  # -> tuple[TrainConfig, int]
             what = "tp*pp*cp" if plan.cp > 1 else "tp*pp"
             raise PtdError(f"--nproc {a.nproc} is not divisible by {what} = {per_replica}")
         plan = plan.replace(dp=a.nproc // per_replica)
+    if a.micro_batch is None and not a.config and not a.resume and plan.pp > 1:
+        plan = _enough_micro_batches(plan)
     optim = cfg.optim
     if a.lr is not None:
         optim = dataclasses.replace(optim, lr=a.lr)

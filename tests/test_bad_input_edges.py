@@ -100,7 +100,7 @@ def test_unknown_hardware_refused_in_dry_run(capfd, home, monkeypatch):
 @pytest.mark.parametrize("argv,match", [
     (["train", "--model", "tiny", "--nproc", "1", "--dry-run", "--out", "afile/sub"], "is a file"),
     (["train", "--model", "tiny", "--nproc", "1", "--dry-run", "--out", "r",
-      "--checkpoint-dir", "/proc/nope"], "--checkpoint-dir '/proc/nope' is not writable"),
+      "--checkpoint-every", "2", "--checkpoint-dir", "/proc/nope"], "--checkpoint-dir '/proc/nope' is not writable"),
     (["report", "RUN", "--out", "afile/x.html"], "is a file"),
     (["export", "RUN", "--out", "afile/hf"], "is a file"),
     (["bench", "scaling", "--out", "afile/b"], "is a file"),
@@ -141,6 +141,7 @@ def test_unwritable_output_refused_before_work(capfd, home, monkeypatch, argv, m
     (["bench", "scaling", "--global-batch", "3"], "ddp on 2 worker(s) (dp2 tp1 pp1 zero0 mb1 gb3): global batch 3"),
     (["bench", "scaling", "--model", "tiny", "--workers", "1,8", "--strategies", "tp"],
      "tp on 8 worker(s) (dp1 tp8 pp1 zero0 mb16 gb16): tiny: 4 key/value heads"),
+    (["bench", "scaling", "--steps", "1"], "--steps 1: each run needs at least 2"),
     (["bench", "scaling", "--seq-len", "513"], "--seq-len 513 exceeds small's max_seq_len 512"),
     # the cluster tables are priced before the runs: their flags too
     (["bench", "scaling", "--cluster-model", "nope"], "--cluster-model: unknown model preset 'nope'"),
@@ -158,6 +159,13 @@ def test_unwritable_output_refused_before_work(capfd, home, monkeypatch, argv, m
     (["train", "--model", "tiny", "--dry-run", "--uneven-stages"], "--uneven-stages applies to pipeline"),
     (["estimate", "--model", "tiny", "--schedule", "gpipe"], "--schedule applies to pipeline parallelism (--pp > 1)"),
     (["estimate", "--model", "tiny", "--uneven-stages"], "--uneven-stages applies to pipeline"),
+    # no checkpoint is saved without --checkpoint-every: where and how many would be moot
+    (["train", "--model", "tiny", "--dry-run", "--checkpoint-keep", "3"], "--checkpoint-keep needs --checkpoint-every"),
+    (["train", "--model", "tiny", "--dry-run", "--checkpoint-async"], "--checkpoint-async needs --checkpoint-every"),
+    (["train", "--model", "tiny", "--dry-run", "--checkpoint-dir", "ck"], "--checkpoint-dir needs --checkpoint-every"),
+    (["train", "--model", "tiny", "--dry-run", "--capacity-factor", "1.5"], "--capacity-factor applies to mixture-of-experts"),
+    (["train", "--model", "tiny", "--dry-run", "--steps", "5", "--memory-step", "6"],
+     "--memory-step 6 is past the run's last step (--steps 5)"),
     # nothing would be written to --output without --export or --run
     (["plan", "--model", "tiny", "--gpus", "2", "-o", "p.toml"], "--output names where --export"),
     # a dense model has no experts to balance; an MoE's worst case is every token on the

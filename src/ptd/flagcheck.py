@@ -120,6 +120,7 @@ def train(a: argparse.Namespace, cfg: Any) -> None:
                 raise PtdError(f"--out {out!r} holds an earlier run ({name}); continue it with "
                                "--resume, pass --force to replace it, or choose another --out")
     pipeline_only(getattr(a, "schedule", None), getattr(a, "uneven_stages", None), cfg.plan.pp)
+    no_effect(a, cfg)
     # where the nodes meet is torchrun's business only in a multi-node job started by hand
     # (--slurm-script's script names its own head node and node ranks)
     multi = getattr(a, "nnodes", 1) > 1 and not getattr(a, "slurm_script", None)
@@ -133,6 +134,22 @@ def train(a: argparse.Namespace, cfg: Any) -> None:
     if isinstance(threads, int) and threads > cores:  # the flag's or the --config file's
         where = "--threads" if a.threads is not None else "threads (--config)"
         raise PtdError(f"{where} {threads}: this host has {cores} CPU core(s)")
+
+
+def no_effect(a: argparse.Namespace, cfg: Any) -> None:
+    """``ptd train`` flags that the rest of the run would make do nothing."""
+    given = lambda name: getattr(a, name, None) not in (None, False)  # noqa: E731
+    if not cfg.checkpoint.every:  # no checkpoint is written: where and how many are moot
+        for name in ("checkpoint_keep", "checkpoint_async", "checkpoint_dir"):
+            if given(name):
+                raise PtdError(f"{_flag(name)} needs --checkpoint-every K > 0 (no checkpoint "
+                               "is saved without it)")
+    if given("capacity_factor") and not cfg.model.n_experts:
+        raise PtdError(f"--capacity-factor applies to mixture-of-experts models; "
+                       f"{cfg.model.name} is dense")
+    if given("memory_step") and a.memory_step > cfg.steps:
+        raise PtdError(f"--memory-step {a.memory_step} is past the run's last step "
+                       f"(--steps {cfg.steps})")
 
 
 def pipeline_only(schedule: Any, uneven: Any, pp: int) -> None:

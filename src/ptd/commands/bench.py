@@ -156,6 +156,9 @@ def check_runs(S, model, a: argparse.Namespace) -> None:  # type: ignore[no-unty
     that fails its rows one by one, minutes in, has measured nothing worth keeping)."""
     from ..planner.search import runtime_refuses
     from ..specs import ParallelPlan
+    if a.steps < 2:  # each run warms up over its first step and tracks memory at step 2
+        raise PtdError(f"--steps {a.steps}: each run needs at least 2 (a warm-up step, then the "
+                       "memory step)")
     if a.seq_len > model.max_seq_len:
         raise PtdError(f"--seq-len {a.seq_len} exceeds {model.name}'s max_seq_len {model.max_seq_len}")
     for n in a.workers:

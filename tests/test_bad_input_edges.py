@@ -54,6 +54,13 @@ def files(home):
     (home / "strtype.toml").write_text('preset = "tiny"\nnorm_eps = "small"\n')
     (home / "huge.toml").write_text('preset = "tiny"\nn_layers = 1000000000\n')
     (home / "hugef.toml").write_text('preset = "tiny"\nn_layers = 1e9\n')
+    (home / "eps.toml").write_text('preset = "tiny"\nnorm_eps = 1e300\n')
+    (home / "std.toml").write_text('preset = "tiny"\ninit_std = 2.0\n')
+    (home / "zloss.toml").write_text('preset = "tiny-moe"\nz_loss_coef = 11.0\n')
+    (home / "densecap.toml").write_text('preset = "tiny"\ncapacity_factor = 1.25\n')
+    # tiny-moe: 8 experts, top-2: at capacity 8 / 2 = 4 every expert can take every token
+    (home / "cap4.toml").write_text('preset = "tiny-moe"\ncapacity_factor = 4.0\n')
+    (home / "cap5.toml").write_text('preset = "tiny-moe"\ncapacity_factor = 4.01\n')
     return home
 
 
@@ -71,11 +78,20 @@ def files(home):
     (["estimate", "--model", "strtype.toml"], r"norm_eps must be a finite number, got 'small'"),
     (["estimate", "--model", "huge.toml"], r"n_layers = 1000000000 is beyond any real model"),
     (["estimate", "--model", "hugef.toml"], r"n_layers must be an integer, got 1000000000.0"),
+    (["estimate", "--model", "eps.toml"], r"norm_eps = 1e\+300 is beyond any real model \(at most 0.1\)"),
+    (["estimate", "--model", "std.toml"], r"init_std = 2 is beyond any real model \(at most 1\)"),
+    (["estimate", "--model", "zloss.toml"], r"z_loss_coef = 11 is beyond"),
+    (["estimate", "--model", "densecap.toml"], r"capacity_factor needs a mixture-of-experts model"),
+    (["estimate", "--model", "cap5.toml"], r"capacity_factor 4.01 is past n_experts / top_k = 4,"),
     (["estimate", "--model", "tiny", "--gpus", "9" * 400], r"positive integer"),
     (["plan", "--model", "tiny", "--gpus", "9" * 5000], r"positive integer"),
 ])
 def test_bad_files_values_and_sizes(capfd, files, argv, match):
     refused(capfd, *argv, match=match)
+
+
+def test_capacity_at_the_dropless_bound_is_accepted(capfd, files):
+    assert main(["estimate", "--model", "cap4.toml", "--gpus", "2"]) == 0
 
 
 def test_damaged_calibrated_profile_refused_up_front(capfd, home, monkeypatch):
@@ -163,7 +179,7 @@ def test_unwritable_output_refused_before_work(capfd, home, monkeypatch, argv, m
     (["train", "--model", "tiny", "--dry-run", "--checkpoint-keep", "3"], "--checkpoint-keep needs --checkpoint-every"),
     (["train", "--model", "tiny", "--dry-run", "--checkpoint-async"], "--checkpoint-async needs --checkpoint-every"),
     (["train", "--model", "tiny", "--dry-run", "--checkpoint-dir", "ck"], "--checkpoint-dir needs --checkpoint-every"),
-    (["train", "--model", "tiny", "--dry-run", "--capacity-factor", "1.5"], "--capacity-factor applies to mixture-of-experts"),
+    (["train", "--model", "tiny", "--dry-run", "--capacity-factor", "1.5"], "capacity_factor needs a mixture-of-experts model"),
     (["train", "--model", "tiny", "--dry-run", "--steps", "5", "--memory-step", "6"],
      "--memory-step 6 is past the run's last step (--steps 5)"),
     # nothing would be written to --output without --export or --run

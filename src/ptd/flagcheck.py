@@ -144,9 +144,6 @@ def no_effect(a: argparse.Namespace, cfg: Any) -> None:
             if given(name):
                 raise PtdError(f"{_flag(name)} needs --checkpoint-every K > 0 (no checkpoint "
                                "is saved without it)")
-    if given("capacity_factor") and not cfg.model.n_experts:
-        raise PtdError(f"--capacity-factor applies to mixture-of-experts models; "
-                       f"{cfg.model.name} is dense")
     if given("memory_step") and a.memory_step > cfg.steps:
         raise PtdError(f"--memory-step {a.memory_step} is past the run's last step "
                        f"(--steps {cfg.steps})")

@@ -144,6 +144,20 @@ class ModelSpec:
             raise PtdError(f"model {self.name}: dropout must be in [0, 1), got {self.dropout}")
         if not all(math.isfinite(v) and v > 0 for v in (self.norm_eps, self.rope_theta, self.init_std)):
             raise PtdError(f"model {self.name}: norm_eps, rope_theta and init_std must be positive")
+        # beyond these the run would only train on noise (an epsilon that swamps the variance,
+        # weights whose activations overflow, an auxiliary loss that outweighs the model's)
+        for f, cap in (("norm_eps", 0.1), ("init_std", 1.0), ("rope_theta", 1e12),
+                       ("aux_loss_coef", 10.0), ("z_loss_coef", 10.0)):
+            if getattr(self, f) > cap:
+                raise PtdError(f"model {self.name}: {f} = {getattr(self, f):g} is beyond any real "
+                               f"model (at most {cap:g})")
+        if self.capacity_factor and not self.n_experts:
+            raise PtdError(f"model {self.name}: capacity_factor needs a mixture-of-experts model")
+        if self.n_experts and self.capacity_factor > self.n_experts / self.top_k:
+            # each expert takes a token at most once: at n_experts / top_k no token is dropped
+            raise PtdError(f"model {self.name}: capacity_factor {self.capacity_factor:g} is past "
+                           f"n_experts / top_k = {self.n_experts / self.top_k:g}, where no token "
+                           "is dropped (0 means dropless)")
 
     # ------------------------------------------------------------- counting
     @property

@@ -70,12 +70,15 @@ def layout(strategy: str, n: int) -> Layout:
     raise PtdError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
 
 
-def train_flags(lay: Layout, global_batch: int) -> list[str]:
-    per_replica = global_batch // lay.dp
+def micro_batch(lay: Layout, global_batch: int) -> int:
+    """A run's micro-batch: the replica's batch whole, or in 2 x pp pieces under a pipeline."""
     m = 2 * lay.pp if lay.pp > 1 else 1
-    mb = max(1, per_replica // m)
+    return max(1, global_batch // lay.dp // m)
+
+
+def train_flags(lay: Layout, global_batch: int) -> list[str]:
     flags = ["--nproc", str(lay.n), "--dp", str(lay.dp), "--tp", str(lay.tp), "--pp", str(lay.pp),
-             "--zero", str(lay.zero), "--micro-batch", str(mb)]
+             "--zero", str(lay.zero), "--micro-batch", str(micro_batch(lay, global_batch))]
     if lay.pp > 1:
         flags += ["--schedule", "1f1b"]
     return flags

@@ -164,11 +164,9 @@ def check_runs(S, model, a: argparse.Namespace) -> None:  # type: ignore[no-unty
     for n in a.workers:
         for strat in a.strategies:
             lay = S.layout(strat, n)
-            flags = S.train_flags(lay, a.global_batch)
-            mb = int(flags[flags.index("--micro-batch") + 1])
-            plan = ParallelPlan(dp=lay.dp, tp=lay.tp, pp=lay.pp, zero=lay.zero, micro_batch=mb,
-                                global_batch=a.global_batch, seq_len=a.seq_len,
-                                schedule="1f1b")
+            plan = ParallelPlan(dp=lay.dp, tp=lay.tp, pp=lay.pp, zero=lay.zero,
+                                micro_batch=S.micro_batch(lay, a.global_batch),
+                                global_batch=a.global_batch, seq_len=a.seq_len, schedule="1f1b")
             try:
                 plan.validate(model, lay.n)
                 runtime_refuses(model, plan)

@@ -127,7 +127,7 @@ def check_moe_imbalance(x: float, model) -> None:
         return
     if not model.n_experts:
         raise PtdError(f"--moe-imbalance applies to mixture-of-experts models; {model.name} is dense")
-    most = model.n_experts / max(model.top_k, 1)
+    most = model.n_experts / model.top_k  # (a model with experts has top_k >= 1)
     if not 1.0 <= x <= most:  # also refuses nan and inf
         raise PtdError(f"--moe-imbalance must be between 1 and n_experts / top_k = {most:g} "
                        f"(max/mean load), got {x}")

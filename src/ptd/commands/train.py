@@ -62,8 +62,9 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="allow layers not divisible by the stages (cost-balanced split)")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3),
                    help="0 DDP, 1 sharded optimizer states, 2 +gradients, 3 +parameters (FSDP)")
-    g.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch per replica (4; with --pp > 1 "
-                        "and no --config, at most what leaves pp micro-batches a step)")
+    g.add_argument("--micro-batch", type=positive_int,
+                   help="sequences per micro-batch per replica (4; with --pp > 1 and no "
+                        "--config, at most what leaves pp micro-batches a step)")
     g.add_argument("--global-batch", type=positive_int, help="sequences per optimizer step")
     g.add_argument("--seq-len", type=positive_int, help="tokens per sequence")
     g.add_argument("--recompute", choices=("none", "selective", "full"), help="activation checkpointing")

@@ -92,6 +92,18 @@ def test_bad_values_and_lone_flags_are_one_line_errors(capsys):
                  "--gpus", "64", "--tp", "8", "--dp", "8"]) == 0
 
 
+def test_the_hardware_checks_after_the_spine_fields_still_run():
+    # the spine's method was once written into the middle of __post_init__, leaving the check
+    # of the measured blocking waits unreachable after its return: a group with no points
+    # passed (a negative wait is also the type check's)
+    cpu = get_hardware_preset("cpu")
+    with pytest.raises(PtdError, match=r"blocking_wait_measured\[2\]"):
+        cpu.replace(blocking_wait_measured={2: ((0.0, -1e-3),)})
+    with pytest.raises(PtdError, match=r"blocking_wait_measured\[4\] needs"):
+        cpu.replace(blocking_wait_measured={4: ()})
+    assert cpu.replace(blocking_wait_measured={2: ((0.0, 1e-3),)}).blocking_wait_measured
+
+
 def test_tensor_context_and_expert_groups_across_nodes_pay_it():
     # tp 16 with 8 a node: the tp group spans 2 nodes (ranks 0..15)
     gpt = load_model("gpt3-175b")  # 96 heads: tp 16 divides them

@@ -251,6 +251,10 @@ class HardwareSpec:
         if not 1 <= self.spine_oversubscription <= 1000:
             raise PtdError(f"hardware {self.name}: spine_oversubscription must be in [1, 1000] "
                            f"(downlink over uplink bandwidth), got {self.spine_oversubscription!r}")
+        for n, pts in self.blocking_wait_measured.items():
+            if not pts or any(c < 0 or w < 0 for c, w in pts):
+                raise PtdError(f"hardware {self.name}: blocking_wait_measured[{n}] needs "
+                               "(chunk, wait) points with non-negative seconds")
 
     def across_spine(self, span_nodes: int) -> "HardwareSpec":
         """This hardware as a collective spanning ``span_nodes`` consecutive nodes sees it:
@@ -270,10 +274,6 @@ class HardwareSpec:
             hit = _SPINE[key] = (self, dataclasses.replace(self, inter_node=link,
                                                              spine_oversubscription=1.0))
         return hit[1]
-        for n, pts in self.blocking_wait_measured.items():
-            if not pts or any(c < 0 or w < 0 for c, w in pts):
-                raise PtdError(f"hardware {self.name}: blocking_wait_measured[{n}] needs "
-                               "(chunk, wait) points with non-negative seconds")
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype`` (the MFU denominator)."""

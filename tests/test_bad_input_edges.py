@@ -175,6 +175,14 @@ def test_unwritable_output_refused_before_work(capfd, home, monkeypatch, argv, m
     (["train", "--model", "tiny", "--dry-run", "--uneven-stages"], "--uneven-stages applies to pipeline"),
     (["estimate", "--model", "tiny", "--schedule", "gpipe"], "--schedule applies to pipeline parallelism (--pp > 1)"),
     (["estimate", "--model", "tiny", "--uneven-stages"], "--uneven-stages applies to pipeline"),
+    (["train", "--model", "tiny", "--init-from", ""], "--init-from needs a Hugging Face folder"),
+    (["train", "--model", "tiny", "--steps", "5", "--warmup", "6"], "--warmup 6 >= --steps 5"),
+    (["plan", "--model", "tiny", "--gpus", "2", "--no-layouts"], "--no-layouts only applies with --try"),
+    # an empty item is skipped, the rest still checked; an alias is its field
+    (["plan", "--model", "tiny", "--gpus", "2", "--fix", ",tp=2,tp=1"], "tp is given more"),
+    (["plan", "--model", "tiny", "--gpus", "2", "--fix", "mb=2", "--fix", "micro_batch=1"],
+     "micro_batch is given more"),
+    (["bench", "scaling", "--run-timeout", "1e7"], "--run-timeout must be > 0 seconds (and below 1e7)"),
     # no checkpoint is saved without --checkpoint-every: where and how many would be moot
     (["train", "--model", "tiny", "--dry-run", "--checkpoint-keep", "3"], "--checkpoint-keep needs --checkpoint-every"),
     (["train", "--model", "tiny", "--dry-run", "--checkpoint-async"], "--checkpoint-async needs --checkpoint-every"),
@@ -212,6 +220,18 @@ def test_threads_beyond_the_host_refused_from_a_config_file_too(capfd, home, mon
             match=re.escape(f"threads (--config) {many}: this host has"))
 
 
+def test_flags_at_their_bounds_are_accepted(capfd, home, monkeypatch):
+    import os
+    from ptd import flagcheck
+    flagcheck._timeout(0.5, "--run-timeout")  # under a second is a timeout too
+    flagcheck._timeout(9.9e6, "--run-timeout")
+    forbid_processes(monkeypatch)
+    cores = os.cpu_count() or 1
+    # the memory step may be the last step; as many threads as cores
+    assert main(["train", "--model", "tiny", "--dry-run", "--out", "a", "--steps", "5",
+                 "--memory-step", "5", "--threads", str(cores)]) == 0, capfd.readouterr().err
+
+
 def test_moe_imbalance_at_its_bound_is_priced(capfd):
     # exactly n_experts / top_k (every token on the same two of tiny-moe's eight experts)
     assert main(["estimate", "--model", "tiny-moe", "--gpus", "2", "--moe-imbalance", "4"]) == 0
@@ -228,7 +248,9 @@ def test_measuring_against_another_hardware_refused(capfd, home, monkeypatch, ar
     if launch.gpu_count():
         pytest.skip("this host has a GPU: the H100 profile may describe it")
     forbid_processes(monkeypatch)
-    refused(capfd, *argv, match="describes a GPU and this host has none")
+    err = refused(capfd, *argv, match="describes a GPU and this host has none")
+    if argv[0] == "plan":  # the line names the flag that measures
+        assert ("--run measures" if "--run" in argv else "--try measures") in err, err
 
 
 def test_memory_beyond_the_host_refused_in_dry_run(capfd, home, monkeypatch):

@@ -178,6 +178,8 @@ def test_unwritable_output_refused_before_work(capfd, home, monkeypatch, argv, m
     (["train", "--model", "tiny", "--init-from", ""], "--init-from needs a Hugging Face folder"),
     (["train", "--model", "tiny", "--steps", "5", "--warmup", "6"], "--warmup 6 >= --steps 5"),
     (["plan", "--model", "tiny", "--gpus", "2", "--no-layouts"], "--no-layouts only applies with --try"),
+    # estimate's single --tp-mode and its --depth: ptd plan took them and did nothing
+    (["plan", "--model", "tiny", "--gpus", "2", "--depth", "2"], "unrecognized arguments: --depth 2"),
     # an empty item is skipped, the rest still checked; an alias is its field
     (["plan", "--model", "tiny", "--gpus", "2", "--fix", ",tp=2,tp=1"], "tp is given more"),
     (["plan", "--model", "tiny", "--gpus", "2", "--fix", "mb=2", "--fix", "micro_batch=1"],

@@ -63,15 +63,16 @@ def add_plan_flags(p: argparse.ArgumentParser, *, world_flag: str = "--gpus") ->
     p.add_argument("--moe-imbalance", type=float, default=1.0, metavar="X",
                    help="MoE: busiest expert-parallel rank's load over the mean, from 1 to "
                         "n_experts / top_k (every token on the same experts) (1)")
-    p.add_argument("--tp-mode", choices=["1d", "2d", "2.5d", "3d"], default="1d",
-                   help="also price tensor parallelism as 2D (tp = q^2), 2.5D (q^2 x --depth) or "
-                        "3D (q^3) beside the 1D plan (priced only; ptd train runs 1d, and 2d with --tp-mode 2d)")
-    p.add_argument("--depth", type=positive_int, default=1, help="2.5D's depth d (--tp-mode 2.5d)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
 def add(p: argparse.ArgumentParser) -> None:
     add_plan_flags(p)
+    # (estimate's own: ptd plan prices modes with --tp-modes, 2.5d at depth 2)
+    p.add_argument("--tp-mode", choices=["1d", "2d", "2.5d", "3d"], default="1d",
+                   help="also price tensor parallelism as 2D (tp = q^2), 2.5D (q^2 x --depth) or "
+                        "3D (q^3) beside the 1D plan (priced only; ptd train runs 1d, and 2d with --tp-mode 2d)")
+    p.add_argument("--depth", type=positive_int, default=1, help="2.5D's depth d (--tp-mode 2.5d)")
     p.add_argument("--dp", type=positive_int, help="data parallel (default gpus/(tp*pp))")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor parallel (1)")
     p.add_argument("--pp", type=positive_int, default=1, help="pipeline parallel (1)")

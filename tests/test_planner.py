@@ -156,6 +156,33 @@ def test_fix_pins_fields():
             parse_fix([bad])
 
 
+@pytest.mark.parametrize("spec, says", [
+    # a setting that does nothing without a pipeline: refused, not kept as a label
+    ("pp=1,schedule=gpipe", "pp=1 leaves no pipeline: schedule"),
+    ("pp=1,uneven=on", "pp=1 leaves no pipeline: uneven_stages"),
+    ("pp=1,vpp=2", "pp=1 leaves no pipeline: vpp"),
+    # pairs no plan satisfies, named instead of "no plan fits" for an unrelated reason
+    ("pp=2,vpp=2,schedule=1f1b", "schedule=1f1b runs one stage per rank"),
+    ("pp=2,vpp=2,schedule=gpipe", "schedule=gpipe runs one stage per rank"),
+    ("vpp=1,schedule=interleaved-1f1b", "needs vpp > 1"),
+    ("pp=2,vpp=2,schedule=zero-bubble", "vpp=1 here"),
+    ("offload=on,zero=2", "offload=true needs zero=3"),
+    ("grad-compression=powersgd,zero=1", "needs zero=0"),
+])
+def test_fixed_fields_that_contradict_each_other(spec, says):
+    with pytest.raises(PtdError, match=says):
+        search(get_preset("tiny"), cluster("cpu", 4), 32, 256, fixed=parse_fix([spec]))
+
+
+@pytest.mark.parametrize("spec", ["pp=1", "schedule=gpipe", "pp=2,vpp=1,schedule=zero-bubble",
+                                  "offload=on", "offload=on,zero=3", "grad-compression=powersgd",
+                                  "zero=0,grad-compression=powersgd", "vpp=2"])
+def test_fixed_fields_that_go_together_still_search(spec):
+    # the edges of the check above: each of these has plans (zero-bubble's V shape is vpp 1)
+    r = search(get_preset("tiny"), cluster("cpu", 4), 32, 256, fixed=parse_fix([spec]))
+    assert r.ranked
+
+
 # ------------------------------------------------------------ pareto, explain
 def test_pareto_front_is_the_non_dominated_set(tiny):
     front = pareto_front(tiny.ranked)

@@ -76,14 +76,15 @@ def test_try_runs_every_plan_every_round_and_its_verdict_is_their_arithmetic(tmp
     out = tmp_path / "try"
     env = dict(os.environ, PTD_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1")
     r = subprocess.run([sys.executable, "-m", "ptd", "plan", "--model", "tiny", "--hardware",
-                        "cpu", "--gpus", "4", "--global-batch", "8", "--seq-len", "64",
+                        "cpu", "--gpus", "2", "--global-batch", "8", "--seq-len", "64",
                         "--dtype", "fp32", "--fix", "tp=1", "--try", "1", "--repeats", "2",
                         "--steps", "6", "--try-dir", str(out), "--json"],
                        env=env, capture_output=True, text=True, timeout=220)
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads(r.stdout)["try"]
     cands = d["candidates"]
-    assert {(c["plan"]["dp"], c["plan"]["pp"]) for c in cands} == {(4, 1), (2, 2), (1, 4)}
+    # one plan per layout (--try 1 and the layouts' best): dp 2 and pp 2
+    assert {(c["plan"]["dp"], c["plan"]["pp"]) for c in cands} == {(2, 1), (1, 2)}
     for c in cands:  # every plan ran twice and measured something; its best is its fastest
         assert not c["errors"] and len(c["measured_tokens_per_s"]) == 2, c
         assert all(t > 0 for t in c["measured_tokens_per_s"])
@@ -91,7 +92,7 @@ def test_try_runs_every_plan_every_round_and_its_verdict_is_their_arithmetic(tmp
         for rnd in (1, 2):
             run = json.loads((out / "runs" / f"plan{c['rank']:04d}-r{rnd}" / "summary.json")
                              .read_text())
-            assert run["steps"] == 6 and run["world_size"] == 4
+            assert run["steps"] == 6 and run["world_size"] == 2
         # the measurement read back is that run's own figure, not another plan's
         assert run["measured"]["tokens_per_s"] == c["measured_tokens_per_s"][1]
     v = d["verdict"]

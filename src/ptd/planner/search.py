@@ -297,7 +297,33 @@ def _check_inputs(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq
     unknown = set(fixed) - set(FIX_FIELDS)
     if unknown:
         raise PtdError(f"cannot fix {', '.join(sorted(unknown))}; choose from {', '.join(FIX_FIELDS)}")
+    _check_fixed_together(fixed)
     cluster.hardware.peak(dtype)  # raises if the hardware has no peak for this dtype
+
+
+def _check_fixed_together(fixed: Mapping[str, Any]) -> None:
+    """Fixed fields that contradict each other: one line naming both, rather than a search
+    that rejects every plan for an unrelated reason or keeps a setting that does nothing."""
+    if fixed.get("pp") == 1:
+        moot = [k for k in ("schedule", "uneven_stages") if k in fixed]
+        moot += ["vpp"] if fixed.get("vpp", 1) > 1 else []
+        if moot:
+            raise PtdError(f"--fix pp=1 leaves no pipeline: {', '.join(moot)} would do nothing; "
+                           "drop it or let pp vary")
+    schedule, vpp = fixed.get("schedule"), fixed.get("vpp", 1)
+    if schedule in ("gpipe", "1f1b") and vpp > 1:
+        raise PtdError(f"--fix schedule={schedule} runs one stage per rank; vpp={vpp} needs "
+                       "interleaved-1f1b or zero-bubble")
+    if schedule == "interleaved-1f1b" and fixed.get("vpp") == 1:
+        raise PtdError("--fix schedule=interleaved-1f1b needs vpp > 1")
+    if schedule == "zero-bubble" and vpp == 2:  # _schedules lists the V shape once, as vpp 1
+        raise PtdError("--fix schedule=zero-bubble: its V schedule (two chunks a rank) is "
+                       "vpp=1 here; vpp=2 names the same plan")
+    if fixed.get("offload") and fixed.get("zero", 3) != 3:
+        raise PtdError(f"--fix offload=true needs zero=3, not zero={fixed['zero']}")
+    if fixed.get("grad_compression", "none") != "none" and fixed.get("zero", 0) != 0:
+        raise PtdError(f"--fix grad_compression={fixed['grad_compression']} needs zero=0, "
+                       f"not zero={fixed['zero']}")
 
 
 class _Walk:

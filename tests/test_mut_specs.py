@@ -145,3 +145,68 @@ def test_one_mlp_with_biases_counted_by_hand(mlp, hidden, ffn, expected):
     assert m.expert_params() == expected
     assert dataclasses.replace(m, bias=False).expert_params() == expected - ffn * (
         2 if mlp == "swiglu" else 1) - hidden
+
+
+# ---- from a second sample (30 of 5,601, seed 20261130), run with the tests above
+def test_sequence_parallel_needs_the_sequence_split_over_tp_times_cp():
+    ok = dict(dp=1, micro_batch=1, global_batch=1, sp=True)
+    ParallelPlan(tp=2, cp=2, seq_len=8, **ok).validate()  # 8 / (2*2) tokens a rank
+    with pytest.raises(PtdError, match=r"divisible by tp\*cp = 2\*2"):
+        ParallelPlan(tp=2, cp=2, seq_len=12 + 2, **ok).validate()  # 14 = 2 x 7: not by 4
+    with pytest.raises(PtdError, match=r"divisible by tp \(4\)"):
+        ParallelPlan(tp=4, seq_len=18, **ok).validate()
+
+
+def test_describe_names_cp_only_when_on():
+    base = dict(dp=1, tp=1, micro_batch=1, global_batch=1, seq_len=16)
+    assert " cp2 " in f" {ParallelPlan(cp=2, **base).describe()} "
+    assert "cp" not in ParallelPlan(cp=1, **base).describe().replace("rc-", "")
+
+
+def _fit(n):
+    return H.CollectiveFit("all_reduce", n, 1e-5 * n, 1e9)
+
+
+def test_collective_fit_takes_the_nearest_group_and_the_larger_on_a_tie():
+    hw = dataclasses.replace(H.get_hardware_preset("cpu"), collectives=(_fit(2), _fit(8)))
+    assert hw.collective_fit("all_reduce", 2).group_size == 2
+    assert hw.collective_fit("all_reduce", 4).group_size == 2   # 2 away against 4
+    assert hw.collective_fit("all_reduce", 6).group_size == 8   # 4 away against 2
+    assert hw.collective_fit("all_reduce", 5).group_size == 8   # 3 and 3: the larger
+    assert hw.collective_fit("all_reduce", 64).group_size == 8
+    assert hw.collective_fit("all_gather", 2) is None
+
+
+def test_cpu_preset_waits_are_its_pairs_table_for_two_workers():
+    cpu = H.get_hardware_preset("cpu")
+    # its 2-worker points: (0, 0), (1.08 ms, 0.23 ms), (3.48 ms, 0.30 ms), ...
+    assert cpu.blocking_wait_at(0.0, workers_per_node=2) == 0.0
+    assert cpu.blocking_wait_at(2.28e-3, workers_per_node=2) == pytest.approx(0.265e-3)
+    assert cpu.blocking_wait_at(1.0, workers_per_node=2) == pytest.approx(2.42e-3)
+    # 4 workers: its own table; 8: the 4-worker wait, twice (a peer descheduled twice as long)
+    assert cpu.blocking_wait_at(0.0, workers_per_node=4) == pytest.approx(0.19e-3)
+    assert cpu.blocking_wait_at(0.0, workers_per_node=8) == pytest.approx(0.38e-3)
+
+
+def test_group_waits_stand_only_for_groups_of_more_than_two():
+    cpu = H.get_hardware_preset("cpu")
+    hw = dataclasses.replace(cpu, blocking_wait_group_measured={4: ((0.0, 7.0),)})
+    assert hw.blocking_wait_at(0.0, 2, group=2) == cpu.blocking_wait_at(0.0, 2)  # pairs' table
+    assert hw.blocking_wait_at(0.0, 2, group=3) == cpu.blocking_wait_at(0.0, 2)  # none <= 3
+    assert hw.blocking_wait_at(0.0, 2, group=4) == 7.0
+    assert hw.blocking_wait_at(0.0, 2, group=8) == 7.0  # the largest measured below it
+    with pytest.raises(PtdError, match="group .3, 4"):  # pairs belong to the other table
+        dataclasses.replace(cpu, blocking_wait_group_measured={2: ((0.0, 9.0),)})
+
+
+def test_cpu_preset_peak_is_its_one_worker_measured_rate():
+    cpu = H.get_hardware_preset("cpu")
+    for dtype in ("fp32", "bf16"):
+        assert cpu.peak(dtype) == cpu.gemm_flops_measured[dtype][1]
+
+
+def test_v100_has_no_tf32_units():
+    # Volta's tensor cores take fp16 only: tf32 work runs on the fp32 units (datasheet 15.7)
+    v100 = H.get_hardware_preset("v100")
+    assert v100.peak("tf32") == v100.peak("fp32") == pytest.approx(15.7e12)
+    assert v100.peak("bf16") == pytest.approx(125e12)

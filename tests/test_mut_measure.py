@@ -6,13 +6,10 @@ loss figures and curve."""
 import pytest
 
 from ptd.runtime.measure.runlog import final_words, loss_curve, summarize
-from ptd.runtime.measure.timeline import Span, analyse_step, mean_breakdown
+from ptd.runtime.measure.timeline import analyse_step, mean_breakdown
+from test_measure import GLOO, MAIN, sp
 
-MAIN, GLOO, OTHER = 1, 2, 3
-
-
-def sp(name, a, b, thread=MAIN):
-    return Span(name, thread, float(a), float(b))
+OTHER = 3  # a thread other than the main one and gloo's
 
 
 def test_ops_on_other_threads_are_skipped_not_the_end_of_the_list():

@@ -24,6 +24,36 @@ def test_zero_bubble_v_counts_two_stages_a_rank(ptd_cli):
     assert "uneven_stages=True (40 layers do not divide over 16 stages)" in out
 
 
+
+def test_a_free_vpp_that_divides_the_layers_is_not_labelled_uneven(ptd_cli):
+    # vpp free on the zero-bubble schedule: the V's default (2 chunks a rank, 16 stages)
+    # does not divide 40 layers, but vpp 5 (40 stages, one layer each) does. Whatever the
+    # search picks, the label and its reason must be those of the picked plan's own stages.
+    rc, out, err = ptd_cli(*EST, "--gpus", "8", "--pp", "8", "--schedule", "zero-bubble", "--json")
+    assert rc == 0, err
+    plan = json.loads(out)["plan"]
+    stages = 8 * (plan["vpp"] if plan["vpp"] > 2 else 2)
+    assert plan["uneven_stages"] == (40 % stages != 0)
+    rc, text, _ = ptd_cli(*EST, "--gpus", "8", "--pp", "8", "--schedule", "zero-bubble")
+    if plan["uneven_stages"]:
+        assert f"uneven_stages=True (40 layers do not divide over {stages} stages)" in text
+    else:
+        assert "uneven" not in text
+    # the search itself: each candidate is uneven exactly when 40 layers do not divide over
+    # its own stages (1f1b: 8; the V at vpp 1: 16; interleaved/zero-bubble at vpp 5: 40)
+    from ptd.cost.estimate import candidates
+    from ptd.specs import ParallelPlan, get_preset
+    base = ParallelPlan(pp=8, global_batch=64, seq_len=1024, uneven_stages=True)
+    seen = {(p.schedule, p.vpp, p.uneven_stages)
+            for p in candidates(get_preset("llama2-13b"), base, ["vpp", "schedule"], auto_uneven=True)}
+    assert seen == {("1f1b", 1, False), ("gpipe", 1, False), ("zero-bubble", 1, True),
+                    ("interleaved-1f1b", 5, False), ("zero-bubble", 5, False)}
+    # and a vpp of 5 asked for outright is even: 40 layers over 8 x 5 stages
+    rc, out, err = ptd_cli(*EST, "--gpus", "8", "--pp", "8", "--schedule", "zero-bubble",
+                           "--vpp", "5", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["plan"]["uneven_stages"] is False
+
 def test_estimate_text_figures_are_the_json_figures(ptd_cli):
     flags = [*EST, "--gpus", "16", "--dp", "8", "--cp", "2", "--micro-batch", "2"]
     rc, out, err = ptd_cli(*flags, "--json")

@@ -172,20 +172,23 @@ def run(a: argparse.Namespace) -> int:
             fixed[knob] = val
     if fixed["vpp"] > 1 and a.schedule is None:
         fixed["schedule"] = "interleaved-1f1b"
-    extra: dict[str, str] = {}
-    stages = pp * fixed["vpp"] if fixed["schedule"] != "zero-bubble" or fixed["vpp"] > 2 else 2 * pp
-    if pp > 1 and model.n_layers % stages and not a.uneven_stages:
-        # as ptd plan does: layers that do not divide are split by cost (stated, not refused)
-        fixed["uneven_stages"] = True
-        extra["uneven_stages"] = f"True ({model.n_layers} layers do not divide over {stages} stages)"
     base = ParallelPlan(**fixed)
+    # as ptd plan does: layers that do not divide over the stages are split by cost (stated,
+    # not refused); each candidate of a free vpp or schedule decides for its own stages
+    auto_uneven = pp > 1 and not a.uneven_stages
+    if auto_uneven and model.n_layers % base.n_stages:
+        base = base.replace(uneven_stages=True)
     base.validate(model if a.ep > 1 else None, cluster.n_devices)
     if free:
         from ..runtime.launch.limits import plan_problem  # (imports no torch)
         e = choose(model, cluster, base, free, a.tokens, opts,
-                   refuse=lambda p: plan_problem(model, p))
+                   refuse=lambda p: plan_problem(model, p), auto_uneven=auto_uneven)
     else:
         e = estimate(model, cluster, base, a.tokens, opts)
+    extra: dict[str, str] = {}
+    if auto_uneven and e.plan.uneven_stages:
+        extra["uneven_stages"] = (f"True ({model.n_layers} layers do not divide over "
+                                  f"{e.plan.n_stages} stages)")
     from ..planner.search import runtime_refuses
     runtime_refuses(model, e.plan)  # the rules ptd train applies (one validator)
     mode = _tp_mode(a, model, e)

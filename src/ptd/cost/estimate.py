@@ -225,10 +225,12 @@ def zero_stages(dp: int, offload: bool) -> list[int]:
 
 
 def candidates(model: ModelSpec, base: ParallelPlan, free: Iterable[str],
-               schedules: Iterable[str] = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")
-               ) -> Iterable[ParallelPlan]:
+               schedules: Iterable[str] = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe"),
+               auto_uneven: bool = False) -> Iterable[ParallelPlan]:
     """Every valid plan that differs from ``base`` only in the ``free`` knobs (a free
-    schedule among ``schedules``)."""
+    schedule among ``schedules``). With ``auto_uneven`` each candidate splits its layers by
+    cost exactly when they do not divide over its own stages (as ``ptd plan`` does), so a
+    free vpp that divides them is not labelled uneven for the default's sake."""
     free = set(free)
     per_replica = base.global_batch // base.dp if base.global_batch % base.dp == 0 else 0
     mbs = _divisors(per_replica) if "micro_batch" in free and per_replica else [base.micro_batch]
@@ -249,6 +251,8 @@ def candidates(model: ModelSpec, base: ParallelPlan, free: Iterable[str],
             if vpp == 1 and sch == "interleaved-1f1b":
                 continue
         p = base.replace(micro_batch=mb, zero=z, recompute=rc, sp=sp, vpp=vpp, schedule=sch)
+        if auto_uneven and p.pp > 1:
+            p = p.replace(uneven_stages=model.n_layers % p.n_stages != 0)
         try:
             p.validate(model)
         except PtdError:
@@ -258,16 +262,16 @@ def candidates(model: ModelSpec, base: ParallelPlan, free: Iterable[str],
 
 def choose(model: ModelSpec, cluster: ClusterSpec, base: ParallelPlan, free: Iterable[str],
            tokens: float | None = None, options: CostOptions = CostOptions(),
-           refuse: Any = None) -> Estimate:
+           refuse: Any = None, auto_uneven: bool = False) -> Estimate:
     """The fastest plan that fits among :func:`candidates`; if none fits, the one needing
     the least memory (its ``fits`` is False). ``refuse(plan)``, if given, returns why a
     candidate is dropped, or None (``ptd estimate`` passes the runtime's rules, so that it
-    picks a plan ptd trains)."""
+    picks a plan ptd trains). ``auto_uneven``: see :func:`candidates`."""
     refused: str | None = None
     free = [k for k in FREE_KNOBS if k in set(free)]
     best: Estimate | None = None
     smallest: Estimate | None = None
-    for p in candidates(model, base, free, options.schedules):
+    for p in candidates(model, base, free, options.schedules, auto_uneven):
         why = refuse(p) if refuse is not None else None
         if why:
             refused = refused or why

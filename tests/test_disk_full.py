@@ -71,6 +71,14 @@ def test_resume_at_the_final_step_says_so_and_exits_0(tmp_path, monkeypatch, cap
     assert re.search(r"checkpoint \S+step_00000002 is at step 2, the run's final step is 2: "
                      r"nothing to train", said.out), said
     assert (out / "summary.json").read_text() == summary  # nothing was rewritten
+    # --resume naming a run folder other than --out: the note reads the checkpoints under
+    # --resume's folder (the new --out has none), and nothing is written to either
+    other = tmp_path / "other"
+    assert main(["train", "--resume", str(out), "--out", str(other)]) == 0
+    said = capfd.readouterr()
+    assert re.search(r"checkpoint " + re.escape(str(out / "checkpoints" / "step_00000002"))
+                     + r" is at step 2, the run's final step is 2: nothing to train", said.out), said
+    assert not (other / "summary.json").exists()
 
 
 @pytest.mark.timeout(120)

@@ -137,3 +137,11 @@ def test_expert_parallel_prints_its_exchange(ptd_cli):
                            "--dtype", "fp32")
     assert rc == 0, err
     assert re.search(r"^ep_comm\s", out, re.M)
+
+
+@pytest.mark.parametrize("servers, said", [("1", "through 1 synchronous parameter server:"),
+                                           ("3", "through 3 synchronous parameter servers:")])
+def test_parameter_server_note_counts_its_servers(ptd_cli, servers, said):
+    rc, out, err = ptd_cli(*EST, "--gpus", "2", "--dp-comm", "ps", "--servers", servers)
+    assert rc == 0, err
+    assert said in out

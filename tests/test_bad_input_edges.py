@@ -138,6 +138,47 @@ def test_unwritable_output_refused_before_work(capfd, home, monkeypatch, argv, m
     refused(capfd, *argv, match=re.escape(match))
 
 
+# An empty path is what an unset shell variable gives (``--cases "$CASES"``). Before, six of
+# these quietly meant the flag's default: validate priced the shipped cases, calibrate wrote
+# the default profile after measuring for minutes, train --config and --slurm-script started
+# the default training run, plan -o printed to stdout, --data '' passed the dry run.
+@pytest.mark.parametrize("argv", [
+    ["validate", "--cases", ""],
+    ["calibrate", "--out", ""],
+    ["train", "--config", ""],
+    ["train", "--model", "tiny", "--slurm-script", ""],
+    ["train", "--model", "tiny", "--dry-run", "--data", ""],
+    ["train", "--model", "tiny", "--dry-run", "--out", ""],
+    ["train", "--model", "tiny", "--dry-run", "--checkpoint-dir", ""],
+    ["train", "--model", "tiny", "--dry-run", "--resume", ""],
+    ["train", "--model", "tiny", "--dry-run", "--init-from", ""],
+    ["train", "--model", "tiny", "--dry-run", "--resume", "  "],  # blank is no path either
+    ["train", "--model", "tiny", "--dry-run", "--data", "a\0b"],
+    ["plan", "--model", "tiny", "--gpus", "2", "--export", "ptd", "-o", ""],
+    ["plan", "--model", "tiny", "--hardware", "cpu", "--gpus", "2", "--try", "1", "--try-dir", ""],
+    ["report", ""],
+    ["report", "RUN", "--out", ""],
+    ["export", "", "--out", "hf"],
+    ["export", "RUN", "--out", ""],
+    ["bench", "scaling", "--out", ""],
+])
+def test_an_empty_path_is_refused_not_taken_for_the_default(capfd, home, monkeypatch, argv):
+    forbid_processes(monkeypatch)
+    import ptd.runtime.calibrate as cal
+    monkeypatch.setattr(cal, "calibrate", lambda *a, **k: pytest.fail("measured first"))
+    (home / "RUN").mkdir()
+    argv = [str(home / "RUN") if a == "RUN" else a for a in argv]
+    refused(capfd, *argv, match=r"expected a path, got '(\s*|a\\x00b)'")
+    assert sorted(p.name for p in home.iterdir()) == ["RUN"]  # nothing written
+
+
+@pytest.mark.parametrize("model", ["", " "])
+def test_an_empty_model_is_an_unknown_preset_not_the_working_folders_config(capfd, home, model):
+    (home / "config.json").write_text("{}")  # what Path('') would have read
+    refused(capfd, "estimate", "--model", model, "--hardware", "cpu",
+            match=re.escape(f"unknown model preset {model!r}; choose from"))
+
+
 @pytest.mark.parametrize("argv,match", [
     (["plan", "--model", "tiny", "--gpus", "2", "--repeats", "3"], "--repeats only applies with --try"),
     (["plan", "--model", "tiny", "--gpus", "2", "--tolerance", "0.2"], "--tolerance only applies"),
@@ -167,7 +208,6 @@ def test_unwritable_output_refused_before_work(capfd, home, monkeypatch, argv, m
     (["plan", "--model", "llama3-8b", "--gpus", "64", "--cp", "3,5"], "no layout dp*tp*pp*cp = 64 has cp in 3,5"),
     (["plan", "--model", "llama3-8b", "--gpus", "64", "--fix", "cp=3"], "no layout dp*tp*pp*cp = 64 has cp=3"),
     (["plan", "--model", "llama3-8b", "--gpus", "64", "--fix", "tp=3"], "no layout dp*tp*pp = 64 has tp=3\n"),
-    (["train", "--model", "tiny", "--resume", ""], "--resume needs"),
     (["train", "--model", "tiny", "--steps", "5", "--warmup", "5"], "--warmup 5 >= --steps 5"),
     (["train", "--model", "tiny", "--threads", "100000"], "--threads 100000: this host has"),
     # a schedule and uneven stages shape a pipeline: with pp 1 they would change nothing
@@ -175,7 +215,6 @@ def test_unwritable_output_refused_before_work(capfd, home, monkeypatch, argv, m
     (["train", "--model", "tiny", "--dry-run", "--uneven-stages"], "--uneven-stages applies to pipeline"),
     (["estimate", "--model", "tiny", "--schedule", "gpipe"], "--schedule applies to pipeline parallelism (--pp > 1)"),
     (["estimate", "--model", "tiny", "--uneven-stages"], "--uneven-stages applies to pipeline"),
-    (["train", "--model", "tiny", "--init-from", ""], "--init-from needs a Hugging Face folder"),
     (["train", "--model", "tiny", "--steps", "5", "--warmup", "6"], "--warmup 6 >= --steps 5"),
     (["plan", "--model", "tiny", "--gpus", "2", "--no-layouts"], "--no-layouts only applies with --try"),
     # estimate's single --tp-mode and its --depth: ptd plan took them and did nothing

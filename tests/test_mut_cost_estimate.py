@@ -7,7 +7,7 @@ step.compute come from cost/step.py, not from the code under test)."""
 
 import pytest
 
-from ptd.cost.estimate import (FREE_KNOBS, CostOptions, _divisors, candidates, choose,
+from ptd.cost.estimate import (FREE_KNOBS, CostOptions, candidates, divisors, choose,
                                default_global_batch, estimate, fused_norm)
 from ptd.errors import PtdError
 from ptd.specs import ClusterSpec, ParallelPlan, get_preset, load_hardware
@@ -44,9 +44,15 @@ def test_fused_norm_rule():
 
 
 def test_divisors():
-    assert _divisors(1) == [1]
-    assert _divisors(12) == [1, 2, 3, 4, 6, 12]
-    assert _divisors(7) == [1, 7]
+    # (one function for ptd estimate's free knobs and ptd plan's search)
+    assert divisors(1) == [1]
+    assert divisors(12) == [1, 2, 3, 4, 6, 12]
+    assert divisors(7) == [1, 7]
+    assert divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36]  # the root once
+    # 99999999999 = 3^2 x 21649 x 513239 (both prime): (2+1)(1+1)(1+1) = 12 divisors, found
+    # by trial division to sqrt(n) -- trying every integer up to n took minutes in ptd plan
+    assert divisors(99_999_999_999) == [1, 3, 9, 21649, 64947, 194841, 513239, 1539717, 4619151,
+                                        11_111_111_111, 33_333_333_333, 99_999_999_999]
 
 
 def knobs(plans):

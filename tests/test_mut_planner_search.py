@@ -29,12 +29,6 @@ def test_fix_bounds_edges():
     assert S.parse_fix(["dp=1", "zero=3"]) == {"dp": 1, "zero": 3}
 
 
-def test_divisors():
-    assert S._divisors(1) == [1]
-    assert S._divisors(12) == [1, 2, 3, 4, 6, 12]
-    assert S._divisors(7) == [1, 7]
-
-
 # ------------------------------------------------------------------------------------------
 # From the mutation survivors of search.py (a sample of 25, seed 20261127): the walk counted
 # plan by plan on a space small enough to enumerate on paper, the schedule labels, the

@@ -97,10 +97,6 @@ def bench(a: argparse.Namespace) -> None:
 
 def train(a: argparse.Namespace, cfg: Any) -> None:
     """``ptd train``: flags that would be ignored or cannot hold on this host."""
-    if a.resume is not None and not a.resume.strip():
-        raise PtdError("--resume needs a run folder, a checkpoint folder or auto; got ''")
-    if a.init_from is not None and not a.init_from.strip():
-        raise PtdError("--init-from needs a Hugging Face folder; got ''")
     if a.warmup is not None and a.warmup >= cfg.steps:
         raise PtdError(f"--warmup {a.warmup} >= --steps {cfg.steps}: the learning rate would "
                        "never leave the warm-up")

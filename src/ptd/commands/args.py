@@ -42,6 +42,14 @@ def _number(s: str, kind: type, what: str, positive: bool) -> Any:
     return v
 
 
+def path_arg(s: str) -> str:
+    """A file or folder flag's value, refused when empty, blank or holding a NUL byte: an unset
+    shell variable (``--cases "$CASES"``) must not quietly mean the flag's default."""
+    if not s.strip() or "\0" in s:
+        raise argparse.ArgumentTypeError(f"expected a path, got {s!r}")
+    return s
+
+
 def positive_int(s: str) -> int:
     return _number(s, int, "a positive integer", positive=True)
 

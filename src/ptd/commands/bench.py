@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from .args import positive_int, positive_ints
+from .args import path_arg, positive_int, positive_ints
 from ..errors import PtdError
 
 HELP = "scaling benchmarks: speedup, efficiency, Amdahl, memory per ZeRO stage (measured and predicted)"
@@ -65,7 +65,7 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=positive_int, default=1,
                    help="run the whole grid this many times, round after round; each row "
                         "reports its median round and every round's measured / predicted (1)")
-    p.add_argument("--out", help="output folder (runs/bench, replaced by each bench)")
+    p.add_argument("--out", type=path_arg, help="output folder (runs/bench, replaced by each bench)")
     p.add_argument("--force", action="store_true",
                    help="replace the results of an earlier bench in --out")
 

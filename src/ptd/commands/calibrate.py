@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from .args import emit_json, positive_int, positive_ints
+from .args import emit_json, path_arg, positive_int, positive_ints
 from ..errors import PtdError
 from ..fmt import duration, si, table
 
@@ -57,7 +57,7 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtypes", type=dtype_list, metavar="DT,DT",
                    help="matmul/attention dtypes (default fp32,bf16 on CPU; bf16,fp32 on GPUs)")
     p.add_argument("--name", default="calibrated", help="profile name (default calibrated)")
-    p.add_argument("--out", help="profile path, .toml (default $PTD_HOME/hardware/NAME.toml)")
+    p.add_argument("--out", type=path_arg, help="profile path, .toml (default $PTD_HOME/hardware/NAME.toml)")
     p.add_argument("--force", action="store_true",
                    help="replace an existing --out file (the default profile is always refreshed)")
     p.add_argument("--base", help="preset the profile overrides (default cpu, or the GPU's)")

@@ -19,15 +19,16 @@ import sys
 from pathlib import Path
 
 from ..errors import PtdError
+from .args import path_arg
 
 HELP = "export a checkpoint as a Hugging Face folder (safetensors + config.json)"
 
 
 def add(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", metavar="RUN_OR_CKPT_DIR",
+    p.add_argument("source", type=path_arg, metavar="RUN_OR_CKPT_DIR",
                    help="a run folder, its checkpoints folder, or one step_N checkpoint")
     p.add_argument("--format", choices=("hf",), default="hf", help="output format (hf)")
-    p.add_argument("--out", "-o", metavar="DIR", required=True,
+    p.add_argument("--out", "-o", type=path_arg, metavar="DIR", required=True,
                    help="folder to write (must not exist or be empty)")
 
 

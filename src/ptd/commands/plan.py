@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .args import emit_json, nonneg_int, positive_int, positive_ints
+from .args import emit_json, nonneg_int, path_arg, positive_int, positive_ints
 from ..errors import PtdError
 from ..fmt import duration, gib, pct, si, table
 from .estimate import add_plan_flags, default_seq_len, resolve
@@ -65,7 +65,7 @@ def add(p: argparse.ArgumentParser) -> None:
                         "DeepSpeed (to stdout, or to --output)")
     p.add_argument("--force", action="store_true",
                    help="replace an existing --output file (and the files written beside it)")
-    p.add_argument("-o", "--output", metavar="FILE",
+    p.add_argument("-o", "--output", type=path_arg, metavar="FILE",
                    help="write the export (or, with --run, the ptd config) here")
     p.add_argument("--steps", type=positive_int,
                    help="training steps in the export (200, as ptd train), or of each --try run (8)")
@@ -83,7 +83,7 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="runs per plan, interleaved; the best counts (2)")
     t.add_argument("--tolerance", type=float, default=None,
                    help="how far below the best measured the top plan may be (0.10)")
-    t.add_argument("--try-dir", default=None, metavar="DIR",
+    t.add_argument("--try-dir", default=None, type=path_arg, metavar="DIR",
                    help="configs, runs and try.json go here (runs/plan-try)")
     t.add_argument("--run-timeout", type=float, default=None,
                    help="seconds per run before it counts as failed (300)")

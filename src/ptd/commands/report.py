@@ -17,15 +17,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .args import emit_json
+from .args import emit_json, path_arg
 from ..errors import PtdError
 
 HELP = "write a self-contained HTML report (charts, predicted vs measured) for a run folder"
 
 
 def add(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a ptd train --out folder")
-    p.add_argument("--out", metavar="FILE.html", help="where to write (default RUN_DIR/report.html)")
+    p.add_argument("run_dir", type=path_arg, metavar="RUN_DIR", help="a ptd train --out folder")
+    p.add_argument("--out", type=path_arg, metavar="FILE.html", help="where to write (default RUN_DIR/report.html)")
     p.add_argument("--json", action="store_true", help='print {"html": path}')
     p.add_argument("--force", action="store_true", help="replace an existing --out file")
 

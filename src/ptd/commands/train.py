@@ -29,14 +29,14 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from .args import nonneg_int, positive_float, positive_int, fraction
+from .args import fraction, nonneg_int, path_arg, positive_float, positive_int
 from ..errors import PtdError
 
 HELP = "train a model with a parallel plan (torchrun; gloo on CPU, NCCL on GPU)"
 
 
 def add(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", help="TOML config (see OUT/config.toml of any run)")
+    p.add_argument("--config", type=path_arg, metavar="FILE", help="TOML config (see OUT/config.toml of any run)")
     p.add_argument("--nproc", type=positive_int, help="workers on this host (default: dp*tp*pp)")
     p.add_argument("--model", help="preset, model .toml, or Hugging Face config.json/folder")
     g = p.add_argument_group("plan")
@@ -78,11 +78,11 @@ def add(p: argparse.ArgumentParser) -> None:
     o.add_argument("--lr", type=positive_float, help="peak learning rate")
     o.add_argument("--warmup", type=nonneg_int, help="linear warm-up steps")
     o.add_argument("--seed", type=nonneg_int, help="seeds weights and data order")
-    o.add_argument("--data", action="append", metavar="PATH",
+    o.add_argument("--data", action="append", type=path_arg, metavar="PATH",
                    help="text file, folder, glob or uint16 .bin (repeatable; default: Python stdlib)")
     o.add_argument("--val-fraction", type=fraction, help="tail of the data held out for validation")
     o.add_argument("--eval-every", type=nonneg_int, help="validation loss every N steps")
-    o.add_argument("--out", metavar="DIR", help="output folder (default runs/latest)")
+    o.add_argument("--out", type=path_arg, metavar="DIR", help="output folder (default runs/latest)")
     o.add_argument("--compile", action="store_true", default=None, help="torch.compile each block")
     o.add_argument("--threads", type=positive_int, help="intra-op threads per worker (1)")
     o.add_argument("--timeout", type=positive_float, help="collective timeout, seconds (300)")
@@ -105,12 +105,12 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="keep the newest N complete checkpoints (2)")
     c.add_argument("--checkpoint-async", action="store_true", default=None,
                    help="write checkpoints in the background while training goes on")
-    c.add_argument("--checkpoint-dir", metavar="DIR", help="where checkpoints go (OUT/checkpoints)")
-    c.add_argument("--resume", metavar="DIR|auto",
+    c.add_argument("--checkpoint-dir", type=path_arg, metavar="DIR", help="where checkpoints go (OUT/checkpoints)")
+    c.add_argument("--resume", type=path_arg, metavar="DIR|auto",
                    help="continue from a checkpoint: a run folder, a checkpoint folder, or auto "
                         "(this run's newest good one); without --config the run's config comes "
                         "from the checkpoint and flags change it (e.g. another layout)")
-    c.add_argument("--init-from", metavar="HF_DIR",
+    c.add_argument("--init-from", type=path_arg, metavar="HF_DIR",
                    help="initial weights from a Hugging Face folder (config.json + safetensors); "
                         "without --model/--config the model comes from its config.json")
     n = p.add_argument_group("several nodes (docs/launching.md)")
@@ -119,7 +119,7 @@ def add(p: argparse.ArgumentParser) -> None:
     n.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
                    help="where the nodes' torchrun agents meet (c10d rendezvous)")
     n.add_argument("--rdzv-id", default="ptd", help="job id shared by every node (ptd)")
-    n.add_argument("--slurm-script", metavar="FILE",
+    n.add_argument("--slurm-script", type=path_arg, metavar="FILE",
                    help="write OUT/config.toml and an sbatch script for --nnodes nodes; start nothing")
     o.add_argument("--force", action="store_true",
                    help="train into an --out that holds an earlier run (replacing its results), "

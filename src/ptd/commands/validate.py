@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import argparse
 
-from .args import emit_json
+from .args import emit_json, path_arg
 from ..cost.stacks import STACKS
 
 HELP = "hold the cost model against published training runs (median/p90/max error)"
 
 
 def add(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cases", metavar="FILE", help="cases file, .yaml (default: the shipped published runs)")
+    p.add_argument("--cases", type=path_arg, metavar="FILE", help="cases file, .yaml (default: the shipped published runs)")
     p.add_argument("--stack", choices=list(STACKS),
                    help="price every case on this stack (default: each case's own)")
     p.add_argument("--json", action="store_true", help="print rows and summary as JSON")

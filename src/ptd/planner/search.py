@@ -35,7 +35,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from ..cost.estimate import CostOptions, Estimate, autocast, dp_overlap, fused_norm, zero_stages
+from ..cost.estimate import CostOptions, Estimate, autocast, divisors, dp_overlap, fused_norm, zero_stages
 from ..cost.flops import flops_per_token
 from ..cost.memory import memory
 from ..cost.step import step_time
@@ -119,10 +119,6 @@ def _fix_value(key: str, raw: str) -> Any:
     if raw not in choices:
         raise PtdError(f"--fix: {key} must be one of {', '.join(choices)}, got {raw!r}")
     return raw
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def schedule_label(plan: ParallelPlan) -> str:
@@ -358,8 +354,8 @@ class _Walk:
             if reason:
                 self.reject(reason, 1, {"cp": cp}, layout=True)
                 continue
-            for tp in self.opts("tp", _divisors(n // cp)):
-                for pp in self.opts("pp", _divisors(n // cp // tp) if n % (cp * tp) == 0 else []):
+            for tp in self.opts("tp", divisors(n // cp)):
+                for pp in self.opts("pp", divisors(n // cp // tp) if n % (cp * tp) == 0 else []):
                     if n % (cp * tp * pp):
                         continue
                     dp = n // (cp * tp * pp)
@@ -382,7 +378,7 @@ class _Walk:
             dp, tp, pp = layout["dp"], layout["tp"], layout["pp"]
             scheds = _schedules(L, pp, fixed, fixed.get("uneven_stages", True), self.max_uneven_vpp)
             scheds = [o for o in scheds if o[0] in res.options.schedules]  # the stack's
-            mbs = self.opts("micro_batch", _divisors(res.global_batch // dp))
+            mbs = self.opts("micro_batch", divisors(res.global_batch // dp))
             sps = self.opts("sp", [False, True] if tp > 1 else [False])
             inner = len(self.opts("zero", ZEROS)) * len(sps) * len(self._rc_ep(dp))
             res.plans_considered += len(scheds) * len(mbs) * inner
@@ -399,7 +395,7 @@ class _Walk:
     def _rc_ep(self, dp: int) -> list[tuple[str, int]]:
         """(recompute, ep) pairs; ep over every degree dividing dp and the experts."""
         model = self.res.model
-        eps = self.opts("ep", [d for d in _divisors(dp)
+        eps = self.opts("ep", [d for d in divisors(dp)
                                if model.is_moe and model.n_experts % d == 0] or [1])
         return [(rc, ep) for rc in self.opts("recompute", list(RECOMPUTE)) for ep in eps]
 

@@ -381,6 +381,8 @@ def load_model(ref: str | dict[str, Any] | ModelSpec) -> ModelSpec:
         return _from_mapping(ref, str(ref.get("name", "custom")))
     if ref in PRESETS:
         return PRESETS[ref]
+    if not ref.strip():  # (Path("") is the working folder: its config.json is not what was meant)
+        return get_preset(ref)  # raises with the list of presets
     path = Path(ref)
     if path.is_dir():
         path = path / "config.json"

@@ -75,6 +75,60 @@ def test_zero_convention_counts_the_16_bit_weights_once(zero):
     assert 2 * psi / GiB == pytest.approx(12.55, abs=0.01)
 
 
+@pytest.mark.parametrize("zero,dp,cp,per_param", [
+    (0, 4, 2, 18),             # no distributed optimizer: 2 + 4 + 12
+    (1, 4, 1, 6 + 12 / 4),     # 6 + 12/d, d = dp
+    (1, 4, 2, 6 + 12 / 8),     # d = dp x cp: the optimizer's group includes cp
+])
+def test_megatron_convention_is_megatrons_distributed_optimizer_table(zero, dp, cp, per_param):
+    # Megatron-LM docs/source/distrib_optimizer.md, "bf16 param, fp32 grads": 18 bytes a
+    # parameter without the distributed optimizer, 6 + 12/d with it; written out here from
+    # the table, with Llama 3 8B's Hugging Face count (n / 8 is a whole number: no padding)
+    m = get_preset("llama3-8b")
+    n = HF_PARAMS["llama3-8b"]
+    plan = ParallelPlan(dp=dp, cp=cp, zero=zero, global_batch=dp, seq_len=4096, dtype="bf16")
+    mem = M.memory(m, plan, convention="megatron")
+    assert (mem.params, mem.grads) == (2 * n, 4 * n)  # bf16 weights, fp32 main_grad
+    assert mem.params + mem.grads + mem.optimizer == per_param * n
+    # nothing per parameter besides (pp 1: no send/receive buffers); with cp 2 the ring's
+    # K/V exchange: two buffers (one sent, one received) of K and V for 4096 / 2 tokens at
+    # 8 heads x 128 wide, bf16
+    assert mem.buffers == (2 * 2 * (4096 // cp) * 8 * 128 * 2 if cp > 1 else 0)
+
+
+def test_fused_swiglu_keeps_one_f_wide_tensor_less_a_token():
+    # eager SwiGLU keeps gate and up (2F), SiLU(gate) (F) and the product (F); Megatron-Core's
+    # bias_swiglu_impl keeps its input (2F) and recomputes SiLU, the product (F) kept as the
+    # second matmul's input: 3F. bf16, s 4096, b 2, tp 4: 2 x 4096 x 2 x 14336 / 4 bytes less
+    m = get_preset("llama3-8b")
+    eager = M.activation_bytes_per_layer(m, 4096, 2, tp=4, sp=True)
+    fused = M.activation_bytes_per_layer(m, 4096, 2, tp=4, sp=True, fused_swiglu=True)
+    assert eager - fused == 2 * 4096 * 2 * 14336 / 4
+    gpt = get_preset("gpt2")  # a GELU block has no SwiGLU to fuse
+    assert M.activation_bytes_per_layer(gpt, 1024, 1, fused_swiglu=True) == \
+        M.activation_bytes_per_layer(gpt, 1024, 1)
+
+
+def test_megatron_core_stack_prices_megatrons_memory_and_convention_overrides_it(ptd_cli):
+    import json
+    flags = ["estimate", "--model", "llama3-8b", "--hardware", "h100-sxm", "--gpus", "8",
+             "--dp", "4", "--cp", "2", "--zero", "1", "--micro-batch", "1", "--seq-len", "8192",
+             "--global-batch", "32", "--recompute", "none", "--json"]
+    n = HF_PARAMS["llama3-8b"]
+
+    def states(*extra):
+        rc, out, err = ptd_cli(*flags, *extra)
+        assert rc == 0, err
+        mem = json.loads(out)["memory_per_device_bytes"]
+        return mem["params"] + mem["grads"] + mem["optimizer"], mem["buffers"]
+    ring = 2 * 2 * (8192 // 2) * 8 * 128 * 2  # cp's K/V send and receive buffers (as above)
+    assert states("--stack", "megatron-core") == (7.5 * n, ring)
+    # ptd's runtime (FSDP2 over dp 4): 16 bytes a parameter sharded over dp, and the bf16
+    # gathered weights and unsharded fp32 gradients (accumulation: 8 micro-batches) beside
+    assert states("--stack", "megatron-core", "--convention", "ptd") == states() == \
+        (4 * n, 6 * n + ring)
+
+
 @pytest.mark.parametrize("name,pp,split", [
     ("llama3-70b", 4, (20, 20, 20, 20)),   # Megatron-LM and torchtitan: L / pp each
     ("llama3-8b", 2, (16, 16)),

@@ -52,8 +52,10 @@ def add_plan_flags(p: argparse.ArgumentParser, *, world_flag: str = "--gpus") ->
     p.add_argument("--attention", choices=["flash", "scores"],
                    help="fused attention (flash) or one that stores s*s scores (default: the "
                         "stack's; ptd: flash)")
-    p.add_argument("--convention", choices=["ptd", "zero"], default="ptd",
-                   help="model-state bytes: ptd runtime (4+4+8) or ZeRO paper (2+2+12)")
+    p.add_argument("--convention", choices=["ptd", "zero", "megatron"],
+                   help="model-state bytes: ptd runtime (4+4+8), ZeRO paper (2+2+12) or "
+                        "Megatron-LM (2+4+12, distributed optimizer over dp*cp); default: "
+                        "the stack's (megatron-core: megatron, the others: ptd)")
     p.add_argument("--dp-comm", choices=["allreduce", "ps"], default="allreduce",
                    help="data-parallel gradients by all-reduce (default) or through a "
                         "synchronous parameter server (--servers S; zero 0/1)")
@@ -112,8 +114,10 @@ def resolve(a: argparse.Namespace):
     dp_comm, servers = getattr(a, "dp_comm", "allreduce"), getattr(a, "servers", None)
     if (dp_comm == "ps") != (servers is not None):
         raise PtdError("--dp-comm ps and --servers S go together")
-    opts = dataclasses.replace(stack_options(a.stack), convention=a.convention,
-                               moe_imbalance=a.moe_imbalance, ps_servers=servers or 0)
+    opts = dataclasses.replace(stack_options(a.stack), moe_imbalance=a.moe_imbalance,
+                               ps_servers=servers or 0)
+    if a.convention:
+        opts = dataclasses.replace(opts, convention=a.convention)
     if a.attention:
         opts = dataclasses.replace(opts, attention=a.attention)
     if a.no_dp_overlap:

@@ -27,7 +27,11 @@ class CostOptions:
     """Modelling choices that follow the runtime, not the user's plan."""
 
     convention: Convention = "ptd"
-    """Model-state bytes: ``ptd`` (fp32 params and grads, 8-byte Adam) or ``zero`` (2+2+12)."""
+    """Model-state bytes: ``ptd`` (fp32 params and grads, 8-byte Adam), ``zero`` (2+2+12) or
+    ``megatron`` (2+4+12, the distributed optimizer over dp x cp); :mod:`ptd.cost.memory`."""
+    fused_swiglu: bool = False
+    """SwiGLU by one kernel that keeps only its input (Megatron-Core): 3 F activation
+    elements a token instead of eager PyTorch's 4; :func:`ptd.cost.memory.activation_bytes_per_layer`."""
     attention: AttentionKind = "flash"
     """``flash``: fused attention keeps no s x s scores (PyTorch SDPA); ``scores``: it does."""
     gqa_expanded: bool = False
@@ -175,7 +179,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                          options.selective)
     mem = memory(model, plan, cluster.hardware.usable_memory, options.convention,
                  options.attention, options.gqa_expanded, fused_norm(options, cluster.hardware),
-                 autocast(options), options.selective)
+                 autocast(options), options.selective, options.fused_swiglu)
     st = step_time(model, plan, cluster, options.attention, dp_overlap(options, plan),
                    options.recompute_early_stop, options.tp_grad_per_linear,
                    options.moe_imbalance, options.ps_servers, options.zero3_gather,

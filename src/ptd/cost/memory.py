@@ -8,6 +8,14 @@
 * ``"zero"`` (the ZeRO paper's mixed-precision Adam): fp16 parameters and gradients and
   K = 12 bytes of optimizer state (fp32 master copy, momentum, variance): 2 + 2 + 12. In
   fp32 training both conventions are 4 + 4 + 8.
+* ``"megatron"`` (Megatron-LM's mixed precision, the ``megatron-core`` stack): 16-bit
+  parameters, fp32 gradients (its ``main_grad`` buffer: bf16 training accumulates and
+  reduces gradients in fp32 by default) and 12 bytes of fp32 optimizer state: 18 bytes per
+  parameter, or ``6 + 12/d`` with the distributed optimizer (ZeRO-1 here), whose ``d`` is
+  the data-parallel group *with* context parallelism, ``dp x cp`` (Megatron-LM
+  docs/source/distrib_optimizer.md, "bf16 param, fp32 grads: 18 / 6 + 12/d"; the
+  optimizer's group is ``get_data_parallel_group(with_context_parallel=True)``). ZeRO-2/3,
+  which the distributed optimizer does not do, are filed as under ``"zero"``.
 
 Stage 1 shards optimizer states over ``dp``, stage 2 also gradients, stage 3 also
 parameters. ptd runs all three with FSDP2 (:mod:`ptd.runtime.parallel.fsdp`), which shards
@@ -69,7 +77,7 @@ from ..specs.plan import ParallelPlan
 from . import params as P
 from .memo import memo
 
-Convention = Literal["ptd", "zero"]
+Convention = Literal["ptd", "zero", "megatron"]
 AttentionKind = Literal["flash", "scores"]
 
 
@@ -114,6 +122,8 @@ def state_bytes_per_param(dtype: str, convention: Convention = "ptd") -> tuple[i
     """(parameter, gradient, optimizer) bytes per parameter for Adam."""
     if convention == "zero" and dtype in ("bf16", "fp16"):
         return 2, 2, 12
+    if convention == "megatron" and dtype in ("bf16", "fp16"):
+        return 2, 4, 12
     return 4, 4, 8
 
 
@@ -133,6 +143,9 @@ def model_state_elements(model: ModelSpec, plan: ParallelPlan, pp_rank: int,
     full = P.local_numel(model, plan, pp_rank)
     if plan.zero == 0:
         return ModelStates(full, full, full)
+    if convention == "megatron" and plan.zero == 1:
+        # the distributed optimizer's even split over dp x cp (its buffers are padded to it)
+        return ModelStates(full, full, -(-full // (plan.dp * plan.cp)))
     sharded = P.rank_fsdp_numel(model, plan, pp_rank, dp_rank)
     if plan.zero >= 3 or convention == "ptd":
         return ModelStates(sharded, sharded, sharded)
@@ -144,8 +157,8 @@ def _max_state_elements(model: ModelSpec, key: tuple) -> ModelStates:
     """Element counts of the rank with the most model-state bytes. ``key``: the layout
     (:func:`ptd.cost.params.layout_plan`), tp, dp, ZeRO stage, ep and convention -- all
     they depend on."""
-    layout, tp, dp, zero, ep, convention = key
-    plan = P.layout_plan(layout, tp=tp, dp=dp, zero=zero, ep=ep)
+    layout, tp, dp, zero, ep, convention, cp = key
+    plan = P.layout_plan(layout, tp=tp, dp=dp, zero=zero, ep=ep).replace(cp=cp)
     best, best_key = ModelStates(0, 0, 0), -1.0
     seen = set()
     for r in range(plan.pp):
@@ -167,7 +180,7 @@ def model_state_bytes(model: ModelSpec, plan: ParallelPlan, convention: Conventi
     worst = pp_rank is None or dp_rank is None
     if worst:
         e = _max_state_elements(model, (P.layout_key(plan), plan.tp, plan.dp, plan.zero, plan.ep,
-                                        convention))
+                                        convention, plan.cp if convention == "megatron" else 1))
     else:
         e = model_state_elements(model, plan, pp_rank, dp_rank, convention)  # type: ignore[arg-type]
     return e.params * pb, e.grads * gb, e.optimizer * ob
@@ -192,7 +205,8 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
                                sp: bool = False, recompute: str = "none", act_bytes: int = 2,
                                attention: AttentionKind = "flash", gqa_expanded: bool = False,
                                dropout: bool | None = None, fused_norm: bool = True,
-                               autocast: bool = False, selective: str = "attention") -> float:
+                               autocast: bool = False, selective: str = "attention",
+                               fused_swiglu: bool = False) -> float:
     """Bytes one block keeps for its backward, for one micro-batch (see module docstring).
     ``fused_norm=False``: RMSNorm runs as PyTorch's composite ``rms_norm`` (what the CPU
     runs), which keeps the normalised input ``x * rsqrt(mean(x^2) + eps)`` for the weight's
@@ -204,9 +218,12 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     tests/test_cost_vs_runtime.py). ``selective``: what selective recompute repeats
     (:data:`ptd.cost.compute.SELECTIVE`); ``layer`` keeps half of each block's bytes with
     and without full recompute, ``op`` the block's input, the kept products' outputs and
-    the fused attention's output and log-sum-exp."""
+    the fused attention's output and log-sum-exp. ``fused_swiglu``: SwiGLU by one kernel that
+    keeps only its input (gate and up) and recomputes the rest in backward (Megatron-Core's
+    ``bias_swiglu_impl``, on by default: ``--no-bias-swiglu-fusion`` turns it off), so with
+    the second product's input 3 F a token instead of eager PyTorch's 4."""
     kw = dict(attention=attention, gqa_expanded=gqa_expanded, dropout=dropout,
-              fused_norm=fused_norm, autocast=autocast)
+              fused_norm=fused_norm, autocast=autocast, fused_swiglu=fused_swiglu)
     if recompute == "selective" and selective == "layer":
         return 0.5 * sum(activation_bytes_per_layer(model, seq_len, micro_batch, tp, sp, rc,
                                                     act_bytes, **kw) for rc in ("none", "full"))
@@ -234,7 +251,7 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
         total += 2 * nb * sbh / seq_div                   # composite RMSNorm: x * rstd, twice
     total += ab * s * b * (q + 2 * kv) / t                # Q, K, V
     total += ab * s * b * q / t                           # attention-output input
-    total += (2 if model.mlp == "gelu" else 4) * ab * s * b * f / t
+    total += (2 if model.mlp == "gelu" else 3 if fused_swiglu else 4) * ab * s * b * f / t
     if drop:
         total += 2 * sbh / seq_div                        # residual-dropout masks
     if attention == "scores":
@@ -347,14 +364,14 @@ def _held_layers(model: ModelSpec, layout: tuple, m: int, v: int, schedule: str
 def activation_bytes(model: ModelSpec, plan: ParallelPlan, attention: AttentionKind = "flash",
                      gqa_expanded: bool = False, pp_rank: int | None = None,
                      fused_norm: bool = True, autocast: bool = False,
-                     selective: str = "attention") -> float:
+                     selective: str = "attention", fused_swiglu: bool = False) -> float:
     """Peak activation bytes on the most loaded pipeline rank (or the given one);
-    ``autocast``: see :func:`activation_bytes_per_layer`."""
+    ``autocast``, ``fused_swiglu``: see :func:`activation_bytes_per_layer`."""
     ab = DTYPE_BYTES[plan.dtype]
     per_layer = activation_bytes_per_layer(model, plan.seq_len, plan.micro_batch, plan.tp,
                                            plan.sp, plan.recompute, ab, attention, gqa_expanded,
                                            fused_norm=fused_norm, autocast=autocast,
-                                           selective=selective)
+                                           selective=selective, fused_swiglu=fused_swiglu)
     out_keep = output_activation_bytes(model, plan.seq_len, plan.micro_batch, plan.tp, plan.sp, ab,
                                        fused_norm, autocast)
     out_work = output_transient_bytes(model, plan.seq_len, plan.micro_batch, plan.tp)
@@ -394,9 +411,9 @@ def buffer_bytes(model: ModelSpec, plan: ParallelPlan, pp_rank: int = 0,
     """Transient and communication buffers on the most loaded rank.
 
     * bf16/fp16 compute copies of the local parameters (autocast's weight cache under DDP,
-      kept alive by backward): ``2 x`` local parameters -- under the ``"zero"`` convention
-      the parameters already are that 16-bit copy (2 bytes each in model states), so it is
-      not counted again;
+      kept alive by backward): ``2 x`` local parameters -- under the ``"zero"`` and
+      ``"megatron"`` conventions the parameters already are that 16-bit copy (2 bytes each
+      in model states), so it is not counted again;
     * ZeRO-3: two gathered blocks (the one computing and the one prefetched) in the
       compute dtype, plus one block's unsharded fp32 gradient before reduce-scatter;
     * ZeRO-1/2 (FSDP without resharding after forward): under the ``"ptd"`` convention
@@ -416,11 +433,11 @@ def buffer_bytes(model: ModelSpec, plan: ParallelPlan, pp_rank: int = 0,
     if plan.zero == 3:
         total += 2 * block * ab + block * 4
     elif plan.zero in (1, 2):
-        if convention != "zero":
+        if convention == "ptd":
             total += local * ab
-        if not (convention == "zero" and plan.zero == 1):  # (there: in the gradients)
+        if not (convention != "ptd" and plan.zero == 1):  # (there: in the gradients)
             total += 4 * (local if zero12_full_grads(plan) else zero12_largest_unit(model, plan))
-    elif ab < 4 and convention != "zero":
+    elif ab < 4 and convention == "ptd":
         total += local * ab
     if plan.pp > 1:
         act = ab * plan.seq_len * plan.micro_batch * model.hidden / (plan.tp if plan.sp else 1)
@@ -469,7 +486,8 @@ def zero12_full_grads(plan: ParallelPlan) -> bool:
 def memory(model: ModelSpec, plan: ParallelPlan, capacity: float = 0.0,
            convention: Convention = "ptd", attention: AttentionKind = "flash",
            gqa_expanded: bool = False, fused_norm: bool = True,
-           autocast: bool = False, selective: str = "attention") -> MemoryBreakdown:
+           autocast: bool = False, selective: str = "attention",
+           fused_swiglu: bool = False) -> MemoryBreakdown:
     """Memory on the most loaded device; ``autocast``: fp32 weights under autocast keep
     fp32 norm tensors and a cast input per linear layer (:func:`activation_bytes_per_layer`)."""
     p, g, o = model_state_bytes(model, plan, convention)
@@ -478,7 +496,8 @@ def memory(model: ModelSpec, plan: ParallelPlan, capacity: float = 0.0,
         # memory; the device holds only what is gathered for compute (buffers).
         p = g = o = 0.0
     act = activation_bytes(model, plan, attention, gqa_expanded, fused_norm=fused_norm,
-                           autocast=autocast, selective=selective) / plan.cp
+                           autocast=autocast, selective=selective,
+                           fused_swiglu=fused_swiglu) / plan.cp
     return MemoryBreakdown(params=p, grads=g, optimizer=o, activations=act,
                            buffers=buffer_bytes(model, plan, convention=convention)
                            + kv_buffer_bytes(model, plan),

@@ -49,6 +49,10 @@ class Stack:
     dp_overlap_pipeline: bool = True
     """Gradient reduction overlaps the backward under pipeline parallelism too
     (:class:`ptd.cost.estimate.CostOptions`)."""
+    convention: str = "ptd"
+    """Model-state bytes (:mod:`ptd.cost.memory`): ``ptd``, ``zero`` or ``megatron``."""
+    fused_swiglu: bool = False
+    """SwiGLU keeps only its input for backward (:class:`ptd.cost.estimate.CostOptions`)."""
 
 
 _DEEPSPEED = Stack(
@@ -82,7 +86,14 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("megatron-core", "flash", True, False, False, ("1f1b", "interleaved-1f1b"),
           "Megatron-Core (NVIDIA/Megatron-LM README 2024, performance table run with "
           "--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap): Transformer "
-          "Engine fused attention, overlapped gradient reduce-scatter, fused projections."),
+          "Engine fused attention, overlapped gradient reduce-scatter, fused projections. "
+          "Memory as Megatron-LM lays it out: bf16 parameters, fp32 gradients and 12 bytes "
+          "of optimizer state, 6 + 12/d bytes a parameter with the distributed optimizer "
+          "over d = dp x cp (docs/source/distrib_optimizer.md; the optimizer's group is "
+          "get_data_parallel_group(with_context_parallel=True)); SwiGLU by the fused "
+          "bias_swiglu_impl (megatron/core/fusions/fused_bias_swiglu.py), which saves only "
+          "its input and recomputes the activation in backward.",
+          convention="megatron", fused_swiglu=True),
     Stack("torchtitan", "flash", True, True, True,
           ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe"),
           "torchtitan (Liang et al. 2024, arXiv 2410.06511): FSDP2 with prefetching, PyTorch "
@@ -124,4 +135,5 @@ def stack_options(name: str, hardware: object = None) -> CostOptions:
                        zero3_gather=s.zero3_gather, elementwise=s.elementwise,
                        dp_overlap_model_parallel=s.dp_overlap_model_parallel,
                        fsdp_copy_out=s.fsdp_copy_out, selective=s.selective,
-                       dp_overlap_pipeline=s.dp_overlap_pipeline)
+                       dp_overlap_pipeline=s.dp_overlap_pipeline,
+                       convention=s.convention, fused_swiglu=s.fused_swiglu)  # type: ignore[arg-type]

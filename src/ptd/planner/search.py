@@ -214,7 +214,8 @@ class _Pricer:
     def memory(self, plan: ParallelPlan):
         o = self.options
         return memory(self.model, plan, self.capacity, o.convention, o.attention, o.gqa_expanded,
-                      fused_norm(o, self.cluster.hardware), autocast(o), o.selective)
+                      fused_norm(o, self.cluster.hardware), autocast(o), o.selective,
+                      o.fused_swiglu)
 
     def estimate(self, plan: ParallelPlan, mem) -> Estimate:
         o = self.options

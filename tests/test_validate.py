@@ -191,6 +191,27 @@ def test_context_parallel_cases_are_priced_with_cp():
     assert r1.error.startswith("does not fit")
 
 
+def test_mixture_of_experts_cases_name_their_experts_and_ep():
+    # Mixtral 8x7B's shape: 8 experts, 2 a token; its 46.7e9 parameters are 32 x (attention
+    # 2 x 4096^2 + 2 x 4096 x 1024, router 8 x 4096, 8 experts x 3 x 4096 x 14336) + norms and
+    # 2 x 32000 x 4096 embeddings -- nearest to params_b with SwiGLU and 8 key/value heads
+    moe = {"layers": 32, "hidden": 4096, "heads": 32, "ffn_hidden": 14336, "vocab": 32000,
+           "seq_len": 4096, "params_b": 46.7, "experts": 8, "top_k": 2}
+    m = case_model(_case(model=moe))
+    assert (m.n_experts, m.top_k, m.mlp, m.n_kv_heads) == (8, 2, "swiglu", 8)
+    assert m.param_count() == pytest.approx(46.70e9, rel=1e-3)
+    plan, _ = case_plan(_case(model=moe, plan={"dp": 64, "ep": 8, "zero": 1}), m)
+    assert plan.ep == 8
+    assert case_plan(_case(), case_model(_case()))[0].ep == 1  # no ep: 1
+    r = price(_case(model=moe, plan={"dp": 64, "ep": 8, "zero": 1, "recompute": "full"}))
+    assert r.error == "" and "ep8" in r.plan
+    for over, message in [({"model": {**moe, "top_k": 9}}, "model.top_k 9 is more than model.experts 8"),
+                          ({"model": {**moe, "top_k": None}}, "model.top_k must be a positive whole"),
+                          ({"model": {**moe, "experts": 0}}, "model.experts must be a positive whole"),
+                          ({"model": moe, "plan": {"ep": 1.5}}, "plan.ep must be a positive whole")]:
+        assert message in price(_case(**over)).error
+
+
 def test_summary_quantiles_by_hand():
     from ptd.cost.validate import CaseResult
     rows = [CaseResult(id=str(i), source="s", metric="mfu", published=1.0, predicted=1.0 + e)
@@ -236,15 +257,17 @@ def test_dropout_is_priced_only_where_a_case_states_it():
 
 def test_held_out_cases_load_and_are_all_priced():
     # docs/data/heldout/cases.yaml (validation.md quotes its tables): the file stays valid
-    # for the loader, and every case prices but the two DGX Cloud rows validation.md quotes
-    # as not fitting (the smallest dp of their recipes) -- any other error row would be a
-    # miss the docs do not state
+    # for the loader, and every case prices but the five DGX Cloud rows validation.md quotes
+    # as not fitting (two at the smallest dp of their recipes, Grok-1's experts whole on
+    # every tp rank) -- any other error row would be a miss the docs do not state
     path = Path(__file__).resolve().parents[1] / "docs/data/heldout/cases.yaml"
     rows = [price(c) for c in load_cases(path)]
-    assert len(rows) == 34
+    assert len(rows) == 37
     assert {r.id: r.error.split(":")[0] for r in rows if r.error} == {
-        "dgxc_llama31_8b_8": "does not fit", "dgxc_nemotron4_340b_128": "does not fit"}
-    assert len({r.id for r in rows}) == 34
+        "dgxc_llama31_8b_8": "does not fit", "dgxc_nemotron4_340b_128": "does not fit",
+        "dgxc_grok1_314b_512": "does not fit", "dgxc_grok1_314b_1024": "does not fit",
+        "dgxc_grok1_314b_2048": "does not fit"}
+    assert len({r.id for r in rows}) == 37
 
 
 @pytest.mark.parametrize("content,message", [

@@ -16,6 +16,8 @@ reason, never skipped.
   key/value head count dividing ``heads``}, the one whose parameter count is nearest to
   ``params_b`` is used (optional fields ``mlp`` and ``kv_heads`` override it). Dropout is
   priced only where the optional ``dropout`` field states it (a probability), else none.
+  A mixture of experts names ``experts`` and ``top_k`` (both, whole numbers); its plan may
+  name ``ep`` (null: 1), priced as ptd's runtime places experts (:mod:`ptd.cost.moe`).
 * *Hardware.* The ``gpu`` text names the preset (``H100`` -> ``h100-sxm``, ``A100`` ->
   ``a100-80g``, or ``a100-40g`` when it says 40GB); ``gpus_per_node`` sets the node size. A
   network rate in the text (``8x200Gb/s ... per node``, ``800Gbps inter-node``, ``400 Gb/s
@@ -173,6 +175,14 @@ def case_model(c: dict[str, Any]) -> ModelSpec:
     kinds = [m["mlp"]] if m.get("mlp") else ["gelu", "swiglu"]
     kvs = [_int(m["kv_heads"], "model.kv_heads")] if m.get("kv_heads") else \
         [k for k in range(1, heads + 1) if heads % k == 0]
+    experts = {}
+    if m.get("experts") is not None or m.get("top_k") is not None:
+        # a mixture of experts: every block's MLP is `experts` of them, `top_k` per token
+        experts = dict(n_experts=_int(m.get("experts"), "model.experts"),
+                       top_k=_int(m.get("top_k"), "model.top_k"))
+        if experts["top_k"] > experts["n_experts"]:
+            raise PtdError(f"model.top_k {experts['top_k']} is more than model.experts "
+                           f"{experts['n_experts']}")
     target = m.get("params_b")
     if not isinstance(target, (int, float)):
         kvs = kvs[-1:]  # no count to match: multi-head (heads itself, the largest divisor)
@@ -184,7 +194,7 @@ def case_model(c: dict[str, Any]) -> ModelSpec:
                 ffn_hidden=ffn, vocab_size=vocab, max_seq_len=seq, mlp=kind,
                 norm="layernorm" if kind == "gelu" else "rmsnorm",
                 position="learned" if kind == "gelu" else "rope",
-                tied_embeddings=False, bias=kind == "gelu")
+                tied_embeddings=False, bias=kind == "gelu", **experts)
             if not isinstance(target, (int, float)):
                 # no count to match: the first candidate (GPT, multi-head)
                 return _with_dropout(spec, m)
@@ -265,6 +275,7 @@ def case_plan(c: dict[str, Any], model: ModelSpec) -> tuple[ParallelPlan, list[s
     kw: dict[str, Any] = dict(
         tp=_int(p["tp"], "plan.tp"), pp=_int(p["pp"], "plan.pp"), dp=_int(p["dp"], "plan.dp"),
         cp=1 if p.get("cp") is None else _int(p["cp"], "plan.cp"),
+        ep=1 if p.get("ep") is None else _int(p["ep"], "plan.ep"),
         global_batch=_int(p["global_batch"], "plan.global_batch"), seq_len=model.max_seq_len,
         zero=_zero(p.get("zero")),
         dtype="fp16" if re.search(r"\bfp16\b|float16", str(c.get("notes", ""))) else "bf16")

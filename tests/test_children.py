@@ -31,8 +31,11 @@ CHILD = textwrap.dedent("""
 """)
 
 PARENT = textwrap.dedent("""
-    import sys
+    import signal, sys
     from ptd.children import Terminated, run_child
+    # Ctrl-C raises KeyboardInterrupt here even where the test runner was started with SIGINT
+    # ignored (nohup, or `&` without job control), which its children would inherit
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     d, grace, timeout = sys.argv[1], float(sys.argv[2]), sys.argv[3]
     try:
         run_child([sys.executable, "-c", {child!r}, d], grace=grace,

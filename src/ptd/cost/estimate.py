@@ -253,7 +253,7 @@ def candidates(model: ModelSpec, base: ParallelPlan, free: Iterable[str],
     sps = [False, True] if ("sp" in free and base.tp > 1) else [base.sp]
     if base.pp > 1:
         per_rank = model.n_layers // base.pp if model.n_layers % base.pp == 0 else 0
-        vpps = ([d for d in divisors(per_rank)] if "vpp" in free and per_rank else [base.vpp])
+        vpps = divisors(per_rank) if "vpp" in free and per_rank else [base.vpp]
         scheds = list(schedules) if "schedule" in free else [base.schedule]
     else:
         vpps, scheds = [1], [base.schedule]

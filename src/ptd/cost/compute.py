@@ -285,7 +285,8 @@ def _parsed_sweep(items: tuple[tuple[str, float], ...]
 
 
 def overlap_loss(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: int, tp: int,
-                 dtype: str, rate: float, bw: float, block: "BlockTime") -> float:
+                 dtype: str, rate: float, bw: float, block: "BlockTime",
+                 expert_tp: bool = False) -> float:
     """Seconds of computation lost per second that a collective runs beside it.
 
     A running collective holds ``hw.comm_sms`` multiprocessors, so the block's linear
@@ -297,7 +298,8 @@ def overlap_loss(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: 
     if not hw.sm_count or not hw.comm_sms:
         return 0.0
     ab = DTYPE_BYTES[dtype]
-    lin, _ = block_gemms(model, seq_len * micro_batch, seq_len, micro_batch, tp)
+    lin, _ = block_gemms(model, seq_len * micro_batch, seq_len, micro_batch, tp,
+                         expert_tp=expert_tp)
     # the products' time alone and beside a collective (in units of the large-matmul rate)
     full = sum(g.flops / busy_rate(g, hw.sm_count, 0) for g in lin)
     slow = sum(g.flops / busy_rate(g, hw.sm_count, hw.comm_sms) for g in lin)
@@ -315,9 +317,10 @@ def busy_rate(g: Gemm, sms: int, busy: int) -> float:
 
 
 def block_gemms(model: ModelSpec, tokens: int, seq_len: int, micro_batch: int, tp: int,
-                ffn: bool = True) -> tuple[list[Gemm], list[Gemm]]:
+                ffn: bool = True, expert_tp: bool = False) -> tuple[list[Gemm], list[Gemm]]:
     """(linear-layer products, attention products) of one block's forward, per tp rank
-    (without the feed-forward layer's where ``ffn`` is False)."""
+    (without the feed-forward layer's where ``ffn`` is False; ``expert_tp``: routed experts
+    split over tp like a dense MLP, :mod:`ptd.cost.moe`)."""
     h, q, kv, f, t = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden, tp
     lin = [Gemm(tokens, q / t, h), Gemm(tokens, kv / t, h, 2), Gemm(tokens, h, q / t)]
     up = 2 if model.mlp == "swiglu" else 1
@@ -325,8 +328,10 @@ def block_gemms(model: ModelSpec, tokens: int, seq_len: int, micro_batch: int, t
     if ffn and model.is_moe:
         # router and routed experts are whole on every tp rank (runtime/parallel/tp.py), each
         # expert taking its share of the assignments (balanced routing); shared experts are
-        # dense MLPs split over tp
-        lin += [Gemm(tokens, model.n_experts, h), *routed_gemms(model, tokens)]
+        # dense MLPs split over tp. Under expert_tp the experts are split over tp too, every
+        # tp rank running all the assignments (gathered over tp) on its share of F.
+        lin += [Gemm(tokens, model.n_experts, h),
+                *routed_gemms(model, tokens, t if expert_tp else 1)]
         if model.n_shared_experts:
             lin += [Gemm(g.m, g.n, g.k, g.count * model.n_shared_experts) for g in mlp]
     elif ffn:
@@ -337,29 +342,33 @@ def block_gemms(model: ModelSpec, tokens: int, seq_len: int, micro_batch: int, t
     return lin, attn
 
 
-def routed_gemms(model: ModelSpec, tokens: float) -> list[Gemm]:
+def routed_gemms(model: ModelSpec, tokens: float, split: int = 1) -> list[Gemm]:
     """The routed experts' products of one MoE block's forward over ``tokens`` tokens: each
-    expert takes its share of the ``top_k`` assignments (balanced routing)."""
+    expert takes its share of the ``top_k`` assignments (balanced routing); ``split``: each
+    expert's width ``F`` split that many ways (expert tensor parallelism)."""
     share, e = model.top_k / model.n_experts, model.n_experts
     up = 2 if model.mlp == "swiglu" else 1
-    f, h = model.ffn_hidden, model.hidden
+    f, h = model.ffn_hidden / split, model.hidden
     return [Gemm(tokens * share, f, h, up * e), Gemm(tokens * share, h, f, e)]
 
 
-def elementwise_bytes_fwd(model: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: int) -> float:
+def elementwise_bytes_fwd(model: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: int,
+                          expert_tp: bool = False) -> float:
     """Bytes memory-bound operators of one block's forward read and write.
 
     Per token: two norms (read + write ``h``), two residual adds (read 2, write 1), rotary
     embedding on Q and K (about three passes), head transposes to and from the attention
     kernel, the activation function (SiLU and the gate product: 5 passes over ``F``; GELU:
-    2), dropout (read, write, 1-byte mask) when enabled.
+    2), dropout (read, write, 1-byte mask) when enabled. ``expert_tp``: routed experts split
+    over tp, their activation's passes over ``F / tp``.
     """
     h, q, kv, f, t = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden, tp
     routed = 0.0
     if model.is_moe:
         # routed experts whole on every tp rank; per assignment the gather of the tokens, the
         # weighting and the index_add back each read and write h
-        routed = model.top_k * ((5 if model.mlp == "swiglu" else 2) * f + 6 * h)
+        routed = model.top_k * ((5 if model.mlp == "swiglu" else 2) * f / (t if expert_tp else 1)
+                                + 6 * h)
         f *= model.n_shared_experts
     rep = t if sp else 1
     e = (4 * h + 6 * h) / rep
@@ -454,7 +463,7 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
                bw: float | None = None, overhead: float | None = None,
                dtensor_overhead: float = 0.0, elementwise: str = "fused", ep: int = 1,
                moe_layer: tuple[float, float] | None = None,
-               selective: str = "attention") -> BlockTime:
+               selective: str = "attention", expert_tp: bool = False) -> BlockTime:
     """``rate``, ``bw`` and ``overhead``: one worker's matmul FLOP/s, memory bandwidth and
     per-operator cost with its node's workers running (default: the hardware's own);
     ``dtensor_overhead``: the extra cost of an operator on a DTensor (tp > 1);
@@ -465,19 +474,20 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
     layer's measured (forward, backward) seconds on these tokens
     (``ClusterSpec.moe_layer``), which then price it in place of its products, passes and
     operators (op by op pricing only: ``elementwise`` not ``fused``); ``selective``: what
-    selective recompute repeats (:data:`SELECTIVE`)."""
+    selective recompute repeats (:data:`SELECTIVE`); ``expert_tp``: routed experts split
+    over tp (:mod:`ptd.cost.moe`; fused elementwise pricing)."""
     ab = DTYPE_BYTES[dtype]
     bw = bw or hw.effective_memory_bandwidth
     overhead = hw.op_overhead if overhead is None else overhead
     tokens = seq_len * micro_batch
     measured = moe_layer is not None and model.is_moe and elementwise != "fused"
-    full, attn = block_gemms(model, tokens, seq_len, micro_batch, tp)
+    full, attn = block_gemms(model, tokens, seq_len, micro_batch, tp, expert_tp=expert_tp)
     lin = block_gemms(model, tokens, seq_len, micro_batch, tp, ffn=False)[0] if measured else full
     t_lin = sum(gemm_time(g, rate, bw, ab, hw, dtype) for g in lin)
     gpu_kernels = bool(hw.sm_count)  # the measured kernel bandwidths are a GPU's
     slow_norm = (1 / NORM_BW_FRACTION - 1) if gpu_kernels else 0.0
     if elementwise == "fused":
-        ew = elementwise_bytes_fwd(model, tokens, tp, sp, ab) / bw
+        ew = elementwise_bytes_fwd(model, tokens, tp, sp, ab, expert_tp) / bw
         # the two norms (4h bytes per token of the total) run slower than a copy
         ew += norm_bytes_fwd(model, tokens, tp, sp, ab) / bw * slow_norm
         ew_b = 2 * ew
@@ -508,7 +518,8 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
         (df, db), _ = tp_dtensor_ops(model, sp)
         fwd += df * dtensor_overhead
         bwd += db * dtensor_overhead
-    routed = (sum(gemm_time(g, rate, bw, ab, hw, dtype) for g in routed_gemms(model, tokens))
+    routed = (sum(gemm_time(g, rate, bw, ab, hw, dtype)
+                  for g in routed_gemms(model, tokens, tp if expert_tp else 1))
               if model.is_moe else 0.0)
     if measured:
         fwd, bwd = fwd + moe_layer[0], bwd + moe_layer[1]  # type: ignore[index]

@@ -45,16 +45,18 @@ class DpTerms:
 def dp_terms(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
              group: tuple[int, int, int], coll: Callable[..., float], dp_overlap: bool,
              recompute_early_stop: bool, ps_servers: int = 0,
-             zero3_gather: str = "unit", fsdp_copy_out: bool = True) -> DpTerms:
+             zero3_gather: str = "unit", fsdp_copy_out: bool = True,
+             expert_tp: bool = False) -> DpTerms:
     """``mbt``: the slowest rank's micro-batch (:class:`ptd.cost.step.MicroBatch`);
     ``group``: (size, nodes, per node) of the gradient group; ``coll``: the collective
     pricing (``collective_time``'s arguments); ``zero3_gather``: see
-    :class:`ptd.cost.estimate.CostOptions`."""
+    :class:`ptd.cost.estimate.CostOptions`; ``expert_tp``: routed experts split over tp
+    (:mod:`ptd.cost.moe`), so a rank's gradients hold ``1 / tp`` of its experts'."""
     dp_n, dp_nodes, dp_per = group
     if dp_n <= 1:
         return DpTerms()
     hw = cluster.hardware
-    local = P.max_local_numel(model, plan)
+    local = P.max_local_numel(model, plan, expert_tp)
     grad_bytes = local * (2 if plan.grad_compression == "fp16" else 4)
     # the last micro-batch's backward, which gradient reduction can hide behind
     window = (mbt.b + mbt.rc + mbt.tb) if dp_overlap else 0.0
@@ -62,14 +64,15 @@ def dp_terms(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: An
         if ps_servers:
             t_ar = dp_ps_time(grad_bytes, dp_n, ps_servers, hw)  # cost/ps.py
         elif plan.ep > 1 and model.is_moe:
-            t_ar = (_ep_all_reduces(model, plan, cluster, group, coll, local, grad_bytes / local)
+            t_ar = (_ep_all_reduces(model, plan, cluster, group, coll, local, grad_bytes / local,
+                                    expert_tp)
                     + _ep_all_reduce_waits(plan, cluster, mbt.blk, dp_n))
         else:
             t_ar = coll("all_reduce", grad_bytes, dp_n, hw, dp_nodes, dp_per)
         last_bucket = t_ar * min(1.0, DDP_BUCKET_BYTES / grad_bytes)
         return DpTerms(t_ar, max(last_bucket, t_ar - window), 0.0)
     terms = _fsdp(model, plan, cluster, mbt, group, coll, dp_overlap, recompute_early_stop,
-                  zero3_gather)
+                  zero3_gather, expert_tp)
     if not fsdp_copy_out:
         return terms
     cf, cb = fsdp_copy_time(model, plan, cluster)
@@ -79,17 +82,17 @@ def dp_terms(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: An
 
 def _ep_all_reduces(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
                     group: tuple[int, int, int], coll: Callable[..., float], local: int,
-                    bytes_per: float) -> float:
+                    bytes_per: float, expert_tp: bool = False) -> float:
     """Zero-0 gradient reduction under expert parallelism as the runtime runs it
     (``runtime/parallel/ep.py``, ``EPGradSync``): two all-reduces, the rank's dense
     gradients over all ``dp`` replicas, then its routed experts' over the ``dp / ep`` ranks
     holding the same experts (global ranks ``ep * tp`` apart); each pays its own latency.
     ``local``: the heaviest rank's parameters (:func:`ptd.cost.params.max_local_numel`)."""
-    from .moe import edp_node_split, routed_expert_numel
+    from .moe import edp_node_split
     dp_n, dp_nodes, dp_per = group
     hw = cluster.hardware
-    r = next(i for i in range(plan.pp) if P.local_numel(model, plan, i) == local)
-    experts = routed_expert_numel(model) // plan.ep * P.layers_per_rank(model, plan)[r]
+    r = next(i for i in range(plan.pp) if P.local_numel(model, plan, i, expert_tp) == local)
+    experts = P.local_expert_numel(model, plan, r, expert_tp)
     edp = dp_n // plan.ep
     nodes, per = edp_node_split(plan, cluster.devices_per_node)
     return (coll("all_reduce", (local - experts) * bytes_per, dp_n, hw, dp_nodes, dp_per)
@@ -110,7 +113,8 @@ def _ep_all_reduce_waits(plan: ParallelPlan, cluster: ClusterSpec, blk: Any, dp_
 
 def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
           group: tuple[int, int, int], coll: Callable[..., float], dp_overlap: bool,
-          recompute_early_stop: bool, zero3_gather: str = "unit") -> DpTerms:
+          recompute_early_stop: bool, zero3_gather: str = "unit",
+          expert_tp: bool = False) -> DpTerms:
     """FSDP's per-block gathers and reduce-scatters (runtime/parallel/fsdp.py).
 
     ZeRO-3 gathers every block in the forward and again for the backward of every
@@ -128,7 +132,7 @@ def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
     the experts' bytes, and one collective per block where the runtime runs two."""
     dp_n, dp_nodes, dp_per = group
     hw, m, nl, blk = cluster.hardware, plan.n_microbatches, mbt.nl, mbt.blk
-    block_params = P.local_block_numel(model, plan.tp, plan.ep)
+    block_params = P.local_block_numel(model, plan.tp, plan.ep, expert_tp)
     ag_block = coll("all_gather", block_params * DTYPE_BYTES[plan.dtype], dp_n, hw, dp_nodes, dp_per)
     # on a CPU (gloo) ptd reduces FSDP's gradients with an all-reduce, which gloo runs faster
     # than its reduce-scatter (runtime/parallel/fsdp.py, AllReduceScatter)
@@ -141,14 +145,14 @@ def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
     else:
         blk_f = blk_b = 0.0
     if plan.zero < 3:
-        terms = _zero12(model, plan, hw, nl, blk_f, blk_b, rs_kind, group, coll)
+        terms = _zero12(model, plan, hw, nl, blk_f, blk_b, rs_kind, group, coll, expert_tp)
     elif zero3_gather == "param-sync":
-        return _zero3_per_param(model, plan, hw, nl, blk_b, rs_block, group, coll)
+        return _zero3_per_param(model, plan, hw, nl, blk_b, rs_block, group, coll, expert_tp)
     else:
         # the root's unit: the rank's parameters outside its blocks (embedding, final norm,
         # output layer), its own FSDP unit (runtime/parallel/fsdp.py; torchtitan's
         # parallelize_llama.py fully_shard(model) the same)
-        root = _outside_blocks(model, plan, nl, block_params)
+        root = _outside_blocks(model, plan, nl, block_params, expert_tp)
         ag_root = coll("all_gather", root * DTYPE_BYTES[plan.dtype], dp_n, hw, dp_nodes, dp_per)
         rs_root = coll(rs_kind, root * 4, dp_n, hw, dp_nodes, dp_per)
         terms = _zero3_units(plan, nl, m, ag_block, rs_block, blk_f, blk_b, ag_root, rs_root)
@@ -159,11 +163,12 @@ def _fsdp(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Any,
     return terms
 
 
-def _outside_blocks(model: ModelSpec, plan: ParallelPlan, nl: int, block: int) -> int:
+def _outside_blocks(model: ModelSpec, plan: ParallelPlan, nl: int, block: int,
+                    expert_tp: bool = False) -> int:
     """The heaviest rank's parameters outside its ``nl`` blocks (embedding, final norm,
     output layer, as its pipeline stages hold them): what FSDP's root unit holds beside any
     blocks left to it."""
-    return max(0, P.max_local_numel(model, plan) - nl * block)
+    return max(0, P.max_local_numel(model, plan, expert_tp) - nl * block)
 
 
 def fsdp_unit_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, nl: int
@@ -304,7 +309,8 @@ def _cpu_late_peers(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, 
 
 
 def _zero12(model: ModelSpec, plan: ParallelPlan, hw: Any, nl: int, blk_f: float, blk_b: float,
-            rs_kind: str, group: tuple[int, int, int], coll: Callable[..., float]) -> DpTerms:
+            rs_kind: str, group: tuple[int, int, int], coll: Callable[..., float],
+            expert_tp: bool = False) -> DpTerms:
     """ZeRO-1/2 (runtime/parallel/fsdp.py): ``nl // k`` FSDP units of ``k`` blocks
     (:func:`ptd.cost.params.zero12_unit_blocks`) and the root's unit (the ``nl % k`` blocks
     left and the rank's other parameters). Each is gathered once per step -- the root's
@@ -314,10 +320,10 @@ def _zero12(model: ModelSpec, plan: ParallelPlan, hw: Any, nl: int, blk_f: float
     first unit's and the root's (at the very end) exposed. Under a pipeline torch defers every
     reduce-scatter to the end of the schedule."""
     dp_n, dp_nodes, dp_per = group
-    block = P.local_block_numel(model, plan.tp, plan.ep)  # (experts with it: see _fsdp)
+    block = P.local_block_numel(model, plan.tp, plan.ep, expert_tp)  # (experts with it: see _fsdp)
     k = P.zero12_unit_blocks(model, plan.tp, plan.ep)
     n_units = nl // k
-    root = (nl % k) * block + _outside_blocks(model, plan, nl, block)
+    root = (nl % k) * block + _outside_blocks(model, plan, nl, block, expert_tp)
 
     def ag(n: float) -> float:
         return coll("all_gather", n * DTYPE_BYTES[plan.dtype], dp_n, hw, dp_nodes, dp_per)
@@ -336,7 +342,7 @@ def _zero12(model: ModelSpec, plan: ParallelPlan, hw: Any, nl: int, blk_f: float
 
 def _zero3_per_param(model: ModelSpec, plan: ParallelPlan, hw: Any, nl: int, blk_b: float,
                      rs_block: float, group: tuple[int, int, int],
-                     coll: Callable[..., float]) -> DpTerms:
+                     coll: Callable[..., float], expert_tp: bool = False) -> DpTerms:
     """DeepSpeed's ZeRO-3 as of 2021: one all-gather per parameter tensor, each waited for
     before the next is issued and before the module runs (DeepSpeed#1069: "all_gathers for
     one parameter", a synchronisation before the next; PR#1188, June 2021: "the async
@@ -350,7 +356,7 @@ def _zero3_per_param(model: ModelSpec, plan: ParallelPlan, hw: Any, nl: int, blk
     block's bytes each: ``t`` latencies, the bandwidth term unchanged."""
     dp_n, dp_nodes, dp_per = group
     t = len(P.layer_params(model))
-    block_bytes = P.local_block_numel(model, plan.tp, plan.ep) * DTYPE_BYTES[plan.dtype]
+    block_bytes = P.local_block_numel(model, plan.tp, plan.ep, expert_tp) * DTYPE_BYTES[plan.dtype]
     ag_block = t * coll("all_gather", block_bytes / t, dp_n, hw, dp_nodes, dp_per)
     gathers = 3 if plan.recompute == "full" else 2
     gather_total = gathers * plan.n_microbatches * nl * ag_block

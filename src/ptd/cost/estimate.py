@@ -32,6 +32,11 @@ class CostOptions:
     fused_swiglu: bool = False
     """SwiGLU by one kernel that keeps only its input (Megatron-Core): 3 F activation
     elements a token instead of eager PyTorch's 4; :func:`ptd.cost.memory.activation_bytes_per_layer`."""
+    expert_tp: bool = False
+    """Routed experts split over the tensor-parallel group like a dense MLP, their tokens
+    all-gathered over it after the all-to-all and reduce-scattered before the way back
+    (Megatron-Core's default ``expert_tensor_parallel_size = tp``); False: whole on every tp
+    rank (ptd's runtime). See :mod:`ptd.cost.moe`."""
     attention: AttentionKind = "flash"
     """``flash``: fused attention keeps no s x s scores (PyTorch SDPA); ``scores``: it does."""
     gqa_expanded: bool = False
@@ -179,11 +184,12 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                          options.selective)
     mem = memory(model, plan, cluster.hardware.usable_memory, options.convention,
                  options.attention, options.gqa_expanded, fused_norm(options, cluster.hardware),
-                 autocast(options), options.selective, options.fused_swiglu)
+                 autocast(options), options.selective, options.fused_swiglu, options.expert_tp)
     st = step_time(model, plan, cluster, options.attention, dp_overlap(options, plan),
                    options.recompute_early_stop, options.tp_grad_per_linear,
                    options.moe_imbalance, options.ps_servers, options.zero3_gather,
-                   options.elementwise, options.fsdp_copy_out, options.selective)
+                   options.elementwise, options.fsdp_copy_out, options.selective,
+                   options.expert_tp)
     d = float(tokens) if tokens else 20.0 * model.param_count()
     return Estimate(model, cluster, plan, fl, mem, st, d)
 

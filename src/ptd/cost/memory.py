@@ -137,16 +137,28 @@ class ModelStates:
 
 
 def model_state_elements(model: ModelSpec, plan: ParallelPlan, pp_rank: int,
-                         dp_rank: int, convention: Convention = "ptd") -> ModelStates:
+                         dp_rank: int, convention: Convention = "ptd",
+                         expert_tp: bool = False) -> ModelStates:
     """Exact element counts on one rank (``tp`` ranks are alike up to replicated tensors,
-    which every tp rank holds in full). See the module docstring for the conventions."""
-    full = P.local_numel(model, plan, pp_rank)
+    which every tp rank holds in full). See the module docstring for the conventions.
+    ``expert_tp``: routed experts split over tp too (:mod:`ptd.cost.moe`)."""
+    full = P.local_numel(model, plan, pp_rank, expert_tp)
     if plan.zero == 0:
         return ModelStates(full, full, full)
     if convention == "megatron" and plan.zero == 1:
-        # the distributed optimizer's even split over dp x cp (its buffers are padded to it)
-        return ModelStates(full, full, -(-full // (plan.dp * plan.cp)))
+        # the distributed optimizer's even split over dp x cp (its buffers are padded to
+        # it); routed experts have buffers of their own, split over the dp x cp / ep ranks
+        # that hold the same experts (Megatron-Core's expert data-parallel group)
+        d = plan.dp * plan.cp
+        experts = P.local_expert_numel(model, plan, pp_rank, expert_tp) if plan.ep > 1 else 0
+        opt = -(-(full - experts) // d) + -(-experts // max(1, d // plan.ep))
+        return ModelStates(full, full, opt)
     sharded = P.rank_fsdp_numel(model, plan, pp_rank, dp_rank)
+    if expert_tp and plan.tp > 1 and model.is_moe:
+        # ptd's shards hold whole experts on every tp rank; split over tp they hold 1/tp
+        whole = P.local_expert_numel(model, plan, pp_rank)
+        sharded -= (whole - P.local_expert_numel(model, plan, pp_rank, True)) // max(
+            1, plan.dp // plan.ep)
     if plan.zero >= 3 or convention == "ptd":
         return ModelStates(sharded, sharded, sharded)
     return ModelStates(full, full if plan.zero == 1 else sharded, sharded)  # P_os, P_os+g
@@ -157,7 +169,7 @@ def _max_state_elements(model: ModelSpec, key: tuple) -> ModelStates:
     """Element counts of the rank with the most model-state bytes. ``key``: the layout
     (:func:`ptd.cost.params.layout_plan`), tp, dp, ZeRO stage, ep and convention -- all
     they depend on."""
-    layout, tp, dp, zero, ep, convention, cp = key
+    layout, tp, dp, zero, ep, convention, cp, expert_tp = key
     plan = P.layout_plan(layout, tp=tp, dp=dp, zero=zero, ep=ep).replace(cp=cp)
     best, best_key = ModelStates(0, 0, 0), -1.0
     seen = set()
@@ -166,7 +178,7 @@ def _max_state_elements(model: ModelSpec, key: tuple) -> ModelStates:
         if sig in seen:  # holds the same tensors as an earlier rank, which won any tie
             continue
         seen.add(sig)
-        e = model_state_elements(model, plan, r, 0, convention)  # torch.chunk: rank 0 the most
+        e = model_state_elements(model, plan, r, 0, convention, expert_tp)  # torch.chunk: rank 0 the most
         k = e.params + e.grads + 2.0 * e.optimizer
         if k > best_key:
             best, best_key = e, k
@@ -174,15 +186,19 @@ def _max_state_elements(model: ModelSpec, key: tuple) -> ModelStates:
 
 
 def model_state_bytes(model: ModelSpec, plan: ParallelPlan, convention: Convention = "ptd",
-                      pp_rank: int | None = None, dp_rank: int | None = None) -> tuple[float, float, float]:
+                      pp_rank: int | None = None, dp_rank: int | None = None,
+                      expert_tp: bool = False) -> tuple[float, float, float]:
     """(params, grads, optimizer) bytes on the most loaded rank, or on the given one."""
     pb, gb, ob = state_bytes_per_param(plan.dtype, convention)
     worst = pp_rank is None or dp_rank is None
+    expert_tp = expert_tp and plan.tp > 1 and model.is_moe
     if worst:
         e = _max_state_elements(model, (P.layout_key(plan), plan.tp, plan.dp, plan.zero, plan.ep,
-                                        convention, plan.cp if convention == "megatron" else 1))
+                                        convention, plan.cp if convention == "megatron" else 1,
+                                        expert_tp))
     else:
-        e = model_state_elements(model, plan, pp_rank, dp_rank, convention)  # type: ignore[arg-type]
+        e = model_state_elements(model, plan, pp_rank, dp_rank, convention,  # type: ignore[arg-type]
+                                 expert_tp)
     return e.params * pb, e.grads * gb, e.optimizer * ob
 
 
@@ -206,7 +222,7 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
                                attention: AttentionKind = "flash", gqa_expanded: bool = False,
                                dropout: bool | None = None, fused_norm: bool = True,
                                autocast: bool = False, selective: str = "attention",
-                               fused_swiglu: bool = False) -> float:
+                               fused_swiglu: bool = False, expert_tp: bool = False) -> float:
     """Bytes one block keeps for its backward, for one micro-batch (see module docstring).
     ``fused_norm=False``: RMSNorm runs as PyTorch's composite ``rms_norm`` (what the CPU
     runs), which keeps the normalised input ``x * rsqrt(mean(x^2) + eps)`` for the weight's
@@ -221,9 +237,11 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     the fused attention's output and log-sum-exp. ``fused_swiglu``: SwiGLU by one kernel that
     keeps only its input (gate and up) and recomputes the rest in backward (Megatron-Core's
     ``bias_swiglu_impl``, on by default: ``--no-bias-swiglu-fusion`` turns it off), so with
-    the second product's input 3 F a token instead of eager PyTorch's 4."""
+    the second product's input 3 F a token instead of eager PyTorch's 4 (in routed experts
+    too). ``expert_tp``: routed experts split over tp (:func:`moe_bytes_per_token`)."""
     kw = dict(attention=attention, gqa_expanded=gqa_expanded, dropout=dropout,
-              fused_norm=fused_norm, autocast=autocast, fused_swiglu=fused_swiglu)
+              fused_norm=fused_norm, autocast=autocast, fused_swiglu=fused_swiglu,
+              expert_tp=expert_tp)
     if recompute == "selective" and selective == "layer":
         return 0.5 * sum(activation_bytes_per_layer(model, seq_len, micro_batch, tp, sp, rc,
                                                     act_bytes, **kw) for rc in ("none", "full"))
@@ -264,7 +282,8 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     if model.is_moe:
         # and per micro-batch the assignment shares (fp32) and each grouped product's group
         # offsets (int32), E each
-        total += s * b * moe_bytes_per_token(model, ab) + 4 * model.n_experts * (
+        total += s * b * moe_bytes_per_token(model, ab, fused_swiglu, t if expert_tp else 1) \
+            + 4 * model.n_experts * (
             1 + (3 if model.mlp == "swiglu" else 2))
     return total
 
@@ -292,7 +311,8 @@ def _op_policy_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
     return total
 
 
-def moe_bytes_per_token(model: ModelSpec, act_bytes: int) -> float:
+def moe_bytes_per_token(model: ModelSpec, act_bytes: int, fused_swiglu: bool = False,
+                        split: int = 1) -> float:
     """What a MoE layer keeps per token beyond its shared experts (ptd.runtime.model.moe,
     counted tensor by tensor with saved-tensor hooks in tests/test_cost_vs_runtime.py). Per
     assignment (``top_k`` per token), whole on every tp rank (routed experts are not split
@@ -300,9 +320,15 @@ def moe_bytes_per_token(model: ModelSpec, act_bytes: int) -> float:
     the products' intermediates (SwiGLU: w1 and w3 outputs, SiLU, their product, 4F; GELU:
     2F), its routing weight, and three int64 indices (expert, sort order, token) plus the
     fp32 top-k weight. Per token: the router logits and their softmax in fp32 (2 x 4E) and
-    the z-loss's log-sum-exp (4)."""
-    h, f, ab = model.hidden, model.ffn_hidden, act_bytes
-    per_assignment = (3 * h + (4 if model.mlp == "swiglu" else 2) * f + 1) * ab + 3 * 8 + 4
+    the z-loss's log-sum-exp (4). ``fused_swiglu``: SwiGLU keeps 3F (see
+    :func:`activation_bytes_per_layer`). ``split``: each expert split that many ways over tp
+    (expert tensor parallelism, :mod:`ptd.cost.moe`): every tp rank still holds all the
+    assignments, gathered over tp, with ``F / split`` of their intermediates; the rest is
+    counted as above, an approximation of Megatron-Core's dispatcher, whose buffers are
+    not ptd's runtime's."""
+    h, f, ab = model.hidden, model.ffn_hidden / split, act_bytes
+    per_f = 2 if model.mlp == "gelu" else 3 if fused_swiglu else 4
+    per_assignment = (3 * h + per_f * f + 1) * ab + 3 * 8 + 4
     return model.top_k * per_assignment + 8 * model.n_experts + 4
 
 
@@ -364,14 +390,16 @@ def _held_layers(model: ModelSpec, layout: tuple, m: int, v: int, schedule: str
 def activation_bytes(model: ModelSpec, plan: ParallelPlan, attention: AttentionKind = "flash",
                      gqa_expanded: bool = False, pp_rank: int | None = None,
                      fused_norm: bool = True, autocast: bool = False,
-                     selective: str = "attention", fused_swiglu: bool = False) -> float:
+                     selective: str = "attention", fused_swiglu: bool = False,
+                     expert_tp: bool = False) -> float:
     """Peak activation bytes on the most loaded pipeline rank (or the given one);
-    ``autocast``, ``fused_swiglu``: see :func:`activation_bytes_per_layer`."""
+    ``autocast``, ``fused_swiglu``, ``expert_tp``: see :func:`activation_bytes_per_layer`."""
     ab = DTYPE_BYTES[plan.dtype]
     per_layer = activation_bytes_per_layer(model, plan.seq_len, plan.micro_batch, plan.tp,
                                            plan.sp, plan.recompute, ab, attention, gqa_expanded,
                                            fused_norm=fused_norm, autocast=autocast,
-                                           selective=selective, fused_swiglu=fused_swiglu)
+                                           selective=selective, fused_swiglu=fused_swiglu,
+                                           expert_tp=expert_tp)
     out_keep = output_activation_bytes(model, plan.seq_len, plan.micro_batch, plan.tp, plan.sp, ab,
                                        fused_norm, autocast)
     out_work = output_transient_bytes(model, plan.seq_len, plan.micro_batch, plan.tp)
@@ -487,17 +515,18 @@ def memory(model: ModelSpec, plan: ParallelPlan, capacity: float = 0.0,
            convention: Convention = "ptd", attention: AttentionKind = "flash",
            gqa_expanded: bool = False, fused_norm: bool = True,
            autocast: bool = False, selective: str = "attention",
-           fused_swiglu: bool = False) -> MemoryBreakdown:
+           fused_swiglu: bool = False, expert_tp: bool = False) -> MemoryBreakdown:
     """Memory on the most loaded device; ``autocast``: fp32 weights under autocast keep
-    fp32 norm tensors and a cast input per linear layer (:func:`activation_bytes_per_layer`)."""
-    p, g, o = model_state_bytes(model, plan, convention)
+    fp32 norm tensors and a cast input per linear layer (:func:`activation_bytes_per_layer`);
+    ``expert_tp``: routed experts split over tp (:mod:`ptd.cost.moe`)."""
+    p, g, o = model_state_bytes(model, plan, convention, expert_tp=expert_tp)
     if plan.offload:
         # FSDP CPU offload keeps sharded parameters, gradients and optimizer states in host
         # memory; the device holds only what is gathered for compute (buffers).
         p = g = o = 0.0
     act = activation_bytes(model, plan, attention, gqa_expanded, fused_norm=fused_norm,
                            autocast=autocast, selective=selective,
-                           fused_swiglu=fused_swiglu) / plan.cp
+                           fused_swiglu=fused_swiglu, expert_tp=expert_tp) / plan.cp
     return MemoryBreakdown(params=p, grads=g, optimizer=o, activations=act,
                            buffers=buffer_bytes(model, plan, convention=convention)
                            + kv_buffer_bytes(model, plan),

@@ -6,6 +6,20 @@ ranks share the ``E`` routed experts, ``E / ep`` each; everything else is replic
 dp as without ep. Experts are not tensor-sharded (replicated over tp). So a rank holds, per
 MoE block, ``(1 - 1/ep)`` fewer routed-expert elements than a dense copy would.
 
+Expert tensor parallelism (``expert_tp``, the ``megatron-core`` stack): Megatron-Core splits
+every routed expert over the tensor-parallel group as it splits a dense MLP (its
+``expert_tensor_parallel_size`` defaults to ``tensor_model_parallel_size``,
+megatron/core/model_parallel_config.py; before 0.10 the same unless ``moe_extended_tp``).
+Its all-to-all dispatcher (megatron/core/transformer/moe/token_dispatcher.py,
+``MoEAlltoAllTokenDispatcher``) sends each tp rank's sequence-parallel share of the tokens
+over ep, then all-gathers the received tokens over tp (``dispatch_postprocess``), runs the
+local experts on all of them with ``F / tp`` of each expert's width, reduce-scatters their
+output over tp and sends it back over ep (``combine_preprocess``, ``token_combine``). So
+with ``expert_tp`` a rank holds ``1 / (ep tp)`` of the routed experts, does ``1 / tp`` of
+their products, keeps ``F / tp`` of their intermediates per assignment, sends ``1 / tp`` of
+the all-to-all bytes, and adds an all-gather and a reduce-scatter of the ``T k h``
+dispatched tokens over tp per block and micro-batch, forward and backward.
+
 Traffic (Lepikhin et al. 2020, GShard sec. 2.2; Rajbhandari et al. 2022, DeepSpeed-MoE
 sec. 5): per MoE block and micro-batch, a rank's ``T * k`` token assignments (``h`` values
 each, activation dtype) are sent to the experts' ranks (dispatch) and their outputs sent
@@ -32,17 +46,37 @@ def routed_expert_numel(model: ModelSpec) -> int:
     return model.n_experts * model.expert_params() if model.is_moe else 0
 
 
-def ep_missing_numel(model: ModelSpec, ep: int) -> int:
-    """Routed-expert elements of one block that a rank does *not* hold under ``ep``."""
+def ep_missing_numel(model: ModelSpec, ep: int, split: int = 1) -> int:
+    """Routed-expert elements of one block that a rank does *not* hold under ``ep`` (and,
+    with expert tensor parallelism, each expert split ``split`` ways over tp)."""
     e = routed_expert_numel(model)
-    return e - e // ep if ep > 1 else 0
+    return e - e // (ep * split) if ep * split > 1 else 0
 
 
-def all_to_all_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
+def expert_split(plan: ParallelPlan, expert_tp: bool) -> int:
+    """How many ways each routed expert is split: ``tp`` under expert tensor parallelism
+    (module docstring), else 1 (whole on every tp rank)."""
+    return plan.tp if expert_tp else 1
+
+
+def dispatched_tokens(plan: ParallelPlan) -> int:
+    """Tokens a rank routes per micro-batch: its share of each sequence under context
+    parallelism (``seq_len / cp``) times the micro-batch."""
+    return plan.micro_batch * (plan.seq_len // plan.cp)
+
+
+def all_to_all_bytes(model: ModelSpec, plan: ParallelPlan, expert_tp: bool = False) -> float:
     """Buffer of one dispatch (or combine) all-to-all, one block, one micro-batch, per rank:
-    ``T * k * h`` activation elements."""
-    tokens = plan.micro_batch * plan.seq_len
+    ``T * k * h`` activation elements; under expert tensor parallelism each tp rank sends
+    its sequence-parallel ``1 / tp`` of them."""
+    tokens = dispatched_tokens(plan) / expert_split(plan, expert_tp)
     return tokens * model.top_k * model.hidden * _ACT_BYTES[plan.dtype]
+
+
+def tp_gather_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
+    """The gathered buffer of expert tensor parallelism's all-gather (and reduce-scatter) over
+    tp, one block, one micro-batch: all ``T * k * h`` dispatched activation elements."""
+    return dispatched_tokens(plan) * model.top_k * model.hidden * _ACT_BYTES[plan.dtype]
 
 
 def counts_bytes(model: ModelSpec) -> float:
@@ -52,16 +86,26 @@ def counts_bytes(model: ModelSpec) -> float:
 
 
 def ep_comm_time(model: ModelSpec, plan: ParallelPlan, moe_layers: int,
-                 coll: Callable[[str, float, int], float], imbalance: float = 1.0) -> float:
+                 coll: Callable[[str, float, int], float], imbalance: float = 1.0,
+                 expert_tp: bool = False,
+                 tp_coll: Callable[[str, float], float] | None = None) -> float:
     """Seconds per step of expert-parallel all-to-alls on a rank with ``moe_layers`` MoE
     blocks, per block per micro-batch: ``4`` of the tokens (dispatch, combine; forward,
     backward) and the forward's counts exchange. ``coll(kind, bytes, n)`` prices one
-    collective over the ep group (``comm.collective_time``)."""
-    if plan.ep <= 1 or not model.is_moe:
+    collective over the ep group (``comm.collective_time``). With ``expert_tp`` and tp > 1,
+    also the dispatched tokens' all-gather and reduce-scatter over tp, forward and
+    backward (the gradient of each is the other): ``tp_coll(kind, bytes)`` prices one over
+    the tp group."""
+    if not model.is_moe:
         return 0.0
-    one = coll("all_to_all", all_to_all_bytes(model, plan) * imbalance, plan.ep)
-    counts = coll("all_to_all", counts_bytes(model), plan.ep)
-    return moe_layers * plan.n_microbatches * (4.0 * one + counts)
+    t = 0.0
+    if plan.ep > 1:
+        one = coll("all_to_all", all_to_all_bytes(model, plan, expert_tp) * imbalance, plan.ep)
+        t += 4.0 * one + coll("all_to_all", counts_bytes(model), plan.ep)
+    if expert_tp and plan.tp > 1 and tp_coll is not None:
+        g = tp_gather_bytes(model, plan) * imbalance
+        t += 2.0 * (tp_coll("all_gather", g) + tp_coll("reduce_scatter", g))
+    return moe_layers * plan.n_microbatches * t
 
 
 def expert_flops_per_token(model: ModelSpec) -> float:
@@ -72,12 +116,13 @@ def expert_flops_per_token(model: ModelSpec) -> float:
 
 
 def imbalance_compute_time(model: ModelSpec, plan: ParallelPlan, moe_layers: int, rate: float,
-                           imbalance: float = 1.0) -> float:
+                           imbalance: float = 1.0, expert_tp: bool = False) -> float:
     """Extra seconds per step the busiest rank spends on expert work when its load is
-    ``imbalance`` times the mean (forward + backward = 3x the forward FLOPs)."""
+    ``imbalance`` times the mean (forward + backward = 3x the forward FLOPs; ``1 / tp`` of
+    them under expert tensor parallelism)."""
     if imbalance <= 1.0 or not model.is_moe or plan.ep <= 1:  # (ep 1: every rank runs all experts)
         return 0.0
-    tokens = plan.micro_batch * plan.seq_len * plan.n_microbatches
+    tokens = dispatched_tokens(plan) * plan.n_microbatches / expert_split(plan, expert_tp)
     return (imbalance - 1.0) * 3.0 * expert_flops_per_token(model) * tokens * moe_layers / rate
 
 

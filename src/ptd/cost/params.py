@@ -236,11 +236,23 @@ def block_numel(model: ModelSpec, tp: int, mode: str = "1d") -> int:
     return _numel_of(layer_params(model), tp, mode)
 
 
-def local_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int) -> int:
+def local_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int,
+                expert_tp: bool = False) -> int:
     """Parameters on one rank after tensor-parallel and expert-parallel splitting (before any
-    ZeRO sharding)."""
+    ZeRO sharding); ``expert_tp``: routed experts split over tp as well
+    (:mod:`ptd.cost.moe`)."""
     n = _local_numels(model, layout_key(plan), plan.tp, plan.tp_mode)[pp_rank]
-    return n - moe_cost.ep_missing_numel(model, plan.ep) * layers_per_rank(model, plan)[pp_rank]
+    missing = moe_cost.ep_missing_numel(model, plan.ep, moe_cost.expert_split(plan, expert_tp))
+    return n - missing * layers_per_rank(model, plan)[pp_rank]
+
+
+def local_expert_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int,
+                       expert_tp: bool = False) -> int:
+    """The routed-expert elements among :func:`local_numel`: ``E / ep`` experts per MoE
+    block (each ``1 / tp`` of itself under ``expert_tp``)."""
+    per_block = moe_cost.routed_expert_numel(model) // (
+        plan.ep * moe_cost.expert_split(plan, expert_tp))
+    return per_block * layers_per_rank(model, plan)[pp_rank]
 
 
 def ends_of(key: tuple[int, int, bool, int, bool]) -> tuple[int, int]:
@@ -269,20 +281,21 @@ def _local_numels(model: ModelSpec, key: tuple[int, int, bool, int, bool], tp: i
     return tuple(out)
 
 
-def max_local_numel(model: ModelSpec, plan: ParallelPlan) -> int:
+def max_local_numel(model: ModelSpec, plan: ParallelPlan, expert_tp: bool = False) -> int:
     """:func:`local_numel` of the pipeline rank with the most parameters."""
-    if plan.ep > 1:
-        return max(local_numel(model, plan, r) for r in range(plan.pp))
+    if plan.ep > 1 or (expert_tp and plan.tp > 1 and model.is_moe):
+        return max(local_numel(model, plan, r, expert_tp) for r in range(plan.pp))
     return max(_local_numels(model, layout_key(plan), plan.tp, plan.tp_mode))
 
 
 ZERO12_UNIT_BYTES = 25 * 1024 * 1024  # ptd.runtime.parallel.fsdp.UNIT_BYTES
 
 
-def local_block_numel(model: ModelSpec, tp: int, ep: int = 1) -> int:
-    """Parameters of one block on one rank after tp and ep splitting (its experts ``E / ep``):
-    what FSDP gathers for it, its dense part over dp and its experts over edp."""
-    return block_numel(model, tp) - moe_cost.ep_missing_numel(model, ep)
+def local_block_numel(model: ModelSpec, tp: int, ep: int = 1, expert_tp: bool = False) -> int:
+    """Parameters of one block on one rank after tp and ep splitting (its experts ``E / ep``,
+    each split over tp under ``expert_tp``): what FSDP gathers for it, its dense part over
+    dp and its experts over edp."""
+    return block_numel(model, tp) - moe_cost.ep_missing_numel(model, ep, tp if expert_tp else 1)
 
 
 def unit_block_numel(model: ModelSpec, tp: int, ep: int = 1) -> int:

@@ -53,6 +53,9 @@ class Stack:
     """Model-state bytes (:mod:`ptd.cost.memory`): ``ptd``, ``zero`` or ``megatron``."""
     fused_swiglu: bool = False
     """SwiGLU keeps only its input for backward (:class:`ptd.cost.estimate.CostOptions`)."""
+    expert_tp: bool = False
+    """Routed experts split over tp, their tokens gathered over it
+    (:class:`ptd.cost.estimate.CostOptions`, :mod:`ptd.cost.moe`)."""
 
 
 _DEEPSPEED = Stack(
@@ -92,8 +95,13 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           "over d = dp x cp (docs/source/distrib_optimizer.md; the optimizer's group is "
           "get_data_parallel_group(with_context_parallel=True)); SwiGLU by the fused "
           "bias_swiglu_impl (megatron/core/fusions/fused_bias_swiglu.py), which saves only "
-          "its input and recomputes the activation in backward.",
-          convention="megatron", fused_swiglu=True),
+          "its input and recomputes the activation in backward. Mixture-of-experts: each "
+          "routed expert split over tp (expert_tensor_parallel_size defaults to "
+          "tensor_model_parallel_size, megatron/core/model_parallel_config.py), the "
+          "all-to-all dispatcher sending each tp rank's sequence-parallel tokens over ep, "
+          "then all-gathering them over tp and reduce-scattering the experts' output "
+          "(megatron/core/transformer/moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher).",
+          convention="megatron", fused_swiglu=True, expert_tp=True),
     Stack("torchtitan", "flash", True, True, True,
           ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe"),
           "torchtitan (Liang et al. 2024, arXiv 2410.06511): FSDP2 with prefetching, PyTorch "
@@ -136,4 +144,5 @@ def stack_options(name: str, hardware: object = None) -> CostOptions:
                        dp_overlap_model_parallel=s.dp_overlap_model_parallel,
                        fsdp_copy_out=s.fsdp_copy_out, selective=s.selective,
                        dp_overlap_pipeline=s.dp_overlap_pipeline,
-                       convention=s.convention, fused_swiglu=s.fused_swiglu)  # type: ignore[arg-type]
+                       convention=s.convention, fused_swiglu=s.fused_swiglu,  # type: ignore[arg-type]
+                       expert_tp=s.expert_tp)

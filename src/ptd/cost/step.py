@@ -109,7 +109,7 @@ _BOUND_WORDS = {
     "compute": "computation", "tp_comm": "tensor-parallel collectives",
     "pp_comm": "pipeline transfers", "dp_comm_exposed": "data-parallel communication not hidden",
     "bubble": "the pipeline bubble", "optimizer": "the optimizer step",
-    "ep_comm": "expert-parallel all-to-alls", "cp_comm": "context-parallel exchange not hidden",
+    "ep_comm": "MoE token dispatch and combine", "cp_comm": "context-parallel exchange not hidden",
     "overlap": "computation slowed by hidden communication"}
 
 
@@ -205,21 +205,25 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
               recompute_early_stop: bool = True, tp_grad_per_linear: bool = True,
               moe_imbalance: float = 1.0, ps_servers: int = 0,
               zero3_gather: str = "unit", elementwise: str = "autocast",
-              fsdp_copy_out: bool = True, selective: str = "attention") -> StepBreakdown:
+              fsdp_copy_out: bool = True, selective: str = "attention",
+              expert_tp: bool = False) -> StepBreakdown:
     """``tp_grad_per_linear``: tensor parallelism without sequence parallelism all-reduces
     each column-parallel layer's input gradient on its own (PyTorch DTensor, ptd's runtime:
     wq, wk, wv, w1 and w3 each); False sums them first and all-reduces twice per block
-    (Megatron-LM's fused QKV and MLP input)."""
+    (Megatron-LM's fused QKV and MLP input). ``expert_tp``: routed experts split over tp,
+    their tokens gathered over it (Megatron-Core; :mod:`ptd.cost.moe`)."""
     m = plan.n_microbatches
+    expert_tp = expert_tp and plan.tp > 1 and model.is_moe
     mbt = micro_batch(model, plan, cluster, attention, recompute_early_stop, tp_grad_per_linear,
-                      elementwise, selective)
+                      elementwise, selective, expert_tp)
     cpt = CX.cp_terms(model, plan, cluster, mbt.nl)  # context parallel: whole-sequence attention
     mbt = dataclasses.replace(mbt, f=mbt.f + cpt.attn_forward, b=mbt.b + cpt.attn_backward)
     bubble, pp_comm = pipeline(model, plan, cluster, mbt, cpt.comm_exposed)
     net = _net(cluster, plan, "grad" if plan.cp > 1 else "dp")
     dp = DP.dp_terms(model, plan, cluster, mbt, _group(plan, cluster, "dp"),
                      lambda kind, nbytes, n, _hw, nodes, per: _coll(kind, nbytes, n, net, nodes, per),
-                     dp_overlap, recompute_early_stop, ps_servers, zero3_gather, fsdp_copy_out)
+                     dp_overlap, recompute_early_stop, ps_servers, zero3_gather, fsdp_copy_out,
+                     expert_tp)
     # the runner sums a tied embedding's copies after the schedule, with the gradient
     # average (the measurement counts both as data-parallel communication): exposed
     tied = tied_embedding_sync(model, plan, cluster)
@@ -228,7 +232,8 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     # FSDP's copies around its collectives (CPUs: :func:`ptd.cost.dp.fsdp_copy_time`)
     compute = m * (mbt.f + mbt.b + mbt.rc) + dp.copy_forward + dp.copy_backward
     tp_comm = m * (mbt.tf + mbt.tb) + tp_step
-    ep_comm = _ep_time(model, plan, cluster, mbt, cluster.gemm_rate(plan.dtype), moe_imbalance)
+    ep_comm = _ep_time(model, plan, cluster, mbt, cluster.gemm_rate(plan.dtype), moe_imbalance,
+                       expert_tp)
     # hidden communication is not free: it slows the computation it hides behind
     hidden = max(0.0, dp.total - dp.exposed) if dp_overlap else 0.0
     hidden += m * max(0.0, cpt.comm_total - cpt.comm_exposed)
@@ -238,7 +243,7 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
         overlap = hidden * _overlap_loss(model, cluster.hardware, CX.local_seq(plan),
                                          plan.micro_batch, plan.tp, plan.dtype,
                                          cluster.gemm_rate(plan.dtype), cluster.memory_bandwidth,
-                                         mbt.blk)
+                                         mbt.blk, expert_tp)
     total = (compute + tp_comm + pp_comm + bubble + dp.exposed + optimizer + dp.opt_comm
              + ep_comm + m * cpt.comm_exposed + overlap)
     return StepBreakdown(total=total, compute=compute, tp_comm=tp_comm, pp_comm=pp_comm,
@@ -252,7 +257,8 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
 
 def micro_batch(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, attention: str,
                 recompute_early_stop: bool, tp_grad_per_linear: bool,
-                elementwise: str = "autocast", selective: str = "attention") -> MicroBatch:
+                elementwise: str = "autocast", selective: str = "attention",
+                expert_tp: bool = False) -> MicroBatch:
     """Compute and tensor-parallel time of one micro-batch on the slowest pipeline rank."""
     hw = cluster.hardware
     rate = cluster.gemm_rate(plan.dtype)
@@ -265,14 +271,14 @@ def micro_batch(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, atte
     moe = (cluster.moe_layer(MOE.moe_layer_key(model, plan.dtype), tokens)
            if model.is_moe else None)
     blk = _block_time(model, hw, s, mb, plan.tp, plan.sp, plan.dtype, rate, attention, bw,
-                      ovh, dt_ovh, elementwise, plan.ep, moe, selective)
+                      ovh, dt_ovh, elementwise, plan.ep, moe, selective, expert_tp)
     if plan.ep > 1 and model.is_moe:
         ef, eb, _ = ep_layer_overheads(cluster)
         blk = dataclasses.replace(blk, forward=blk.forward + ef, backward=blk.backward + eb)
     out_f, out_b = _output_time(model, hw, tokens, plan.tp, plan.dtype, rate, bw, ovh,
                                 dt_ovh, plan.sp, elementwise)
     ar, n_block_f, n_block_b, n_out_f, tp_out_f = _tp_collectives(
-        model, plan, cluster, tokens, tp_grad_per_linear)
+        model, plan, cluster, tokens, tp_grad_per_linear, expert_tp)
     tp_n = plan.tp
     first, last = stage_to_rank(0, plan), stage_to_rank(plan.n_stages - 1, plan)
     worst = None
@@ -300,10 +306,13 @@ def micro_batch(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, atte
 
 
 def _tp_collectives(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, tokens: int,
-                    tp_grad_per_linear: bool) -> tuple[float, int, int, int, float]:
+                    tp_grad_per_linear: bool, expert_tp: bool = False
+                    ) -> tuple[float, int, int, int, float]:
     """Tensor-parallel collectives of one micro-batch: the activation all-reduce's time,
     how many a block runs forward and backward, and the output layer's forward count and
-    time (its backward adds one all-reduce)."""
+    time (its backward adds one all-reduce). ``expert_tp``: a MoE block's MLP has no
+    all-reduce (or sequence-parallel gather and reduce-scatter) of its own; its experts'
+    tp collectives are the dispatcher's, priced with the all-to-alls (:func:`_ep_time`)."""
     hw = _net(cluster, plan, "tp")
     tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")
     act = DTYPE_BYTES[plan.dtype] * tokens * model.hidden
@@ -320,6 +329,8 @@ def _tp_collectives(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, 
     else:
         col = 2
     n_block_f, n_block_b = 2, col + (2 if plan.recompute == "full" else 0)
+    if expert_tp:  # (Megatron-Core runs MoE with tp only under sequence parallelism: col 2)
+        n_block_f, n_block_b = 1, col - 1 + (1 if plan.recompute == "full" else 0)
     # vocabulary-parallel embedding output (first rank); on the last rank the sequence-
     # parallel gather before the output layer, loss_parallel's cross-entropy (max, sum of
     # exponentials, target logit: fp32 per token) and the output layer's input gradient
@@ -501,7 +512,7 @@ def ep_waits(cluster: ClusterSpec, blk: C.BlockTime, group: int = 2) -> float:
 
 
 def _ep_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: MicroBatch,
-             rate: float, imbalance: float) -> float:
+             rate: float, imbalance: float, expert_tp: bool = False) -> float:
     """:func:`ptd.cost.moe.ep_comm_time` over the ep group's placement, plus imbalance, the
     all-to-alls' own calls (:func:`ep_layer_overheads`) and their late-peer waits
     (:func:`ep_waits`)."""
@@ -510,10 +521,13 @@ def _ep_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Mi
     nodes, per_node = MOE.ep_node_split(plan, cluster.devices_per_node)
     hw = cluster.hardware.across_spine(node_span(MOE.ep_group_ranks(plan),
                                                  cluster.devices_per_node))
+    tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")
+    tp_hw = _net(cluster, plan, "tp")
     comm = MOE.ep_comm_time(model, plan, mbt.nl,
                             lambda kind, nbytes, n: _coll(kind, nbytes, n, hw, nodes, per_node),
-                            imbalance)
+                            imbalance, expert_tp,
+                            lambda kind, nbytes: _coll(kind, nbytes, tp_n, tp_hw, tp_nodes, tp_per))
     if plan.ep > 1:
         comm += mbt.nl * plan.n_microbatches * (ep_layer_overheads(cluster)[2]
                                                  + ep_waits(cluster, mbt.blk, plan.ep))
-    return comm + MOE.imbalance_compute_time(model, plan, mbt.nl, rate, imbalance)
+    return comm + MOE.imbalance_compute_time(model, plan, mbt.nl, rate, imbalance, expert_tp)

@@ -215,14 +215,14 @@ class _Pricer:
         o = self.options
         return memory(self.model, plan, self.capacity, o.convention, o.attention, o.gqa_expanded,
                       fused_norm(o, self.cluster.hardware), autocast(o), o.selective,
-                      o.fused_swiglu)
+                      o.fused_swiglu, o.expert_tp)
 
     def estimate(self, plan: ParallelPlan, mem) -> Estimate:
         o = self.options
         st = step_time(self.model, plan, self.cluster, o.attention, dp_overlap(o, plan),
                        o.recompute_early_stop, o.tp_grad_per_linear, o.moe_imbalance,
                        o.ps_servers, o.zero3_gather, o.elementwise, o.fsdp_copy_out,
-                       o.selective)
+                       o.selective, o.expert_tp)
         return Estimate(self.model, self.cluster, plan, self.flops[plan.recompute], mem, st,
                         self.tokens)
 

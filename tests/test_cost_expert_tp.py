@@ -1,0 +1,150 @@
+"""Expert tensor parallelism (the ``megatron-core`` stack, :mod:`ptd.cost.moe`): routed
+experts split over tp like a dense MLP, the dispatched tokens all-gathered over tp after the
+all-to-all and reduce-scattered before the way back. Every expected value below is counted
+by hand from the model's shapes (h 64, F 128, 4 experts, top 2, SwiGLU, 4 blocks), not read
+from the code under test."""
+
+import pytest
+
+from ptd.cost import compute as C
+from ptd.cost import memory as M
+from ptd.cost import moe as MOE
+from ptd.cost import params as P
+from ptd.cost import step as S
+from ptd.cost.estimate import estimate
+from ptd.cost.stacks import STACKS, stack_options
+from ptd.specs import ClusterSpec, ModelSpec, ParallelPlan, load_hardware
+
+MOE_MODEL = ModelSpec(name="t", n_layers=4, hidden=64, n_heads=4, n_kv_heads=4, ffn_hidden=128,
+                      vocab_size=256, max_seq_len=256, n_experts=4, top_k=2)
+# one block's routed experts: 4 experts x (gate, up, down: 3 x 64 x 128) elements
+EXPERTS_PER_BLOCK = 4 * 3 * 64 * 128  # 98304
+
+
+def test_only_megatron_core_splits_experts_over_tp():
+    # Megatron-Core's expert_tensor_parallel_size defaults to tp; every other stack (and
+    # ptd's runtime) keeps each expert whole on every tp rank
+    assert stack_options("megatron-core").expert_tp is True
+    assert [n for n, s in STACKS.items() if s.expert_tp] == ["megatron-core"]
+
+
+def test_a_rank_holds_one_tp_th_of_its_experts():
+    # tp 2, ep 2: a rank's 2 experts a block, half of each -- 98304/2 - 98304/4 = 24576
+    # fewer elements a block than with whole experts, 98304 over the 4 blocks
+    plan = ParallelPlan(dp=2, tp=2, ep=2, global_batch=4, seq_len=64)
+    whole, split = P.local_numel(MOE_MODEL, plan, 0), P.local_numel(MOE_MODEL, plan, 0, True)
+    assert whole - split == 4 * (EXPERTS_PER_BLOCK // 2 - EXPERTS_PER_BLOCK // 4) == 98304
+    assert P.local_expert_numel(MOE_MODEL, plan, 0, True) == 4 * EXPERTS_PER_BLOCK // 4
+    assert P.local_block_numel(MOE_MODEL, 2, 2) - P.local_block_numel(MOE_MODEL, 2, 2, True) == 24576
+    # at tp 1 the split is no split
+    one = plan.replace(tp=1, dp=2)
+    assert P.local_numel(MOE_MODEL, one, 0, True) == P.local_numel(MOE_MODEL, one, 0)
+
+
+def test_distributed_optimizer_shards_experts_over_the_expert_data_parallel_group():
+    # dp 4, ep 2, tp 2, ZeRO-1 as Megatron lays it out: the dense part over dp x cp = 4,
+    # the rank's experts (4 blocks x 98304 / (ep 2 x tp 2) = 98304 elements) over the
+    # dp x cp / ep = 2 ranks holding the same experts
+    plan = ParallelPlan(dp=4, tp=2, ep=2, zero=1, global_batch=8, seq_len=64, dtype="bf16")
+    e = M.model_state_elements(MOE_MODEL, plan, 0, 0, "megatron", expert_tp=True)
+    experts = 98304
+    assert e.params == e.grads == P.local_numel(MOE_MODEL, plan, 0, True)
+    assert e.optimizer == -(-(e.params - experts) // 4) + experts // 2
+    # with cp 2 the groups double: dense over 8, experts over 4
+    cp = plan.replace(cp=2, seq_len=64)
+    e2 = M.model_state_elements(MOE_MODEL, cp, 0, 0, "megatron", expert_tp=True)
+    assert e2.optimizer == -(-(e2.params - experts) // 8) + experts // 4
+    # bytes: 2 + 4 a parameter and 12 an optimizer element, for the worst rank
+    pb, gb, ob = M.model_state_bytes(MOE_MODEL, plan, "megatron", expert_tp=True)
+    assert (pb, gb, ob) == (2 * e.params, 4 * e.params, 12 * e.optimizer)
+
+
+def test_activations_keep_one_tp_th_of_the_experts_intermediates():
+    # per token, 2 assignments, each keeping 4 F intermediates (SwiGLU unfused) at 2 bytes:
+    # split over tp 2 a rank keeps 4 x 64 fewer elements an assignment:
+    # 64 tokens x 2 assignments x 4 x 64 x 2 bytes = 65536 bytes less
+    kw = dict(seq_len=64, micro_batch=1, tp=2, sp=True, act_bytes=2)
+    whole = M.activation_bytes_per_layer(MOE_MODEL, **kw)
+    split = M.activation_bytes_per_layer(MOE_MODEL, **kw, expert_tp=True)
+    assert whole - split == 64 * 2 * 4 * 64 * 2 == 65536
+    # the fused SwiGLU keeps 3 F instead of 4 in the routed experts too:
+    # 64 tokens x 2 assignments x 128 x 2 bytes (a MoE block has no dense MLP to change)
+    fused = M.activation_bytes_per_layer(MOE_MODEL, **kw, fused_swiglu=True)
+    assert whole - fused == 64 * 2 * 128 * 2 == 32768
+
+
+def test_the_experts_products_are_one_tp_th():
+    # 64 tokens, 2 assignments each, 3 products of 64 x 128: 2 x 64 x 2 x 3 x 64 x 128 FLOPs
+    # whole; 3145728 over tp 2
+    whole = sum(g.flops for g in C.routed_gemms(MOE_MODEL, 64))
+    split = sum(g.flops for g in C.routed_gemms(MOE_MODEL, 64, 2))
+    assert whole == 2 * 64 * 2 * 3 * 64 * 128 == 6291456
+    assert split == 3145728
+    lin_whole, _ = C.block_gemms(MOE_MODEL, 64, 64, 1, 2)
+    lin_split, _ = C.block_gemms(MOE_MODEL, 64, 64, 1, 2, expert_tp=True)
+    assert sum(g.flops for g in lin_whole) - sum(g.flops for g in lin_split) == 3145728
+
+
+def test_dispatch_sends_the_sequence_parallel_share_and_gathers_over_tp():
+    # tp 2, ep 2, cp 2, micro-batch 1 of 64 tokens, bf16: a rank routes 32 tokens (its cp
+    # share), 16 of them its sp share; all-to-all buffer 16 x 2 x 64 x 2 = 4096 bytes;
+    # the gathered buffer over tp 32 x 2 x 64 x 2 = 8192 bytes
+    plan = ParallelPlan(dp=2, tp=2, ep=2, cp=2, sp=True, micro_batch=1, global_batch=4,
+                        seq_len=64, dtype="bf16")
+    calls, tp_calls = [], []
+
+    def coll(kind, nbytes, n):
+        calls.append((kind, nbytes, n))
+        return nbytes
+
+    def tp_coll(kind, nbytes):
+        tp_calls.append((kind, nbytes))
+        return nbytes
+    t = MOE.ep_comm_time(MOE_MODEL, plan, 4, coll, 1.0, True, tp_coll)
+    assert set(calls) == {("all_to_all", 4096, 2), ("all_to_all", 8 * 4, 2)}
+    assert sorted(set(tp_calls)) == [("all_gather", 8192), ("reduce_scatter", 8192)]
+    # a block and micro-batch: 4 token all-to-alls, the counts, 2 gathers and 2 scatters;
+    # 4 blocks x 2 micro-batches
+    assert t == 4 * 2 * (4 * 4096 + 32 + 2 * (8192 + 8192))
+    # without expert tp: the whole cp share travels, 32 x 2 x 64 x 2, and nothing over tp
+    calls.clear(), tp_calls.clear()
+    MOE.ep_comm_time(MOE_MODEL, plan, 4, coll, 1.0, False, tp_coll)
+    assert ("all_to_all", 8192, 2) in calls and not tp_calls
+
+
+def test_a_moe_blocks_mlp_has_no_tp_all_reduce_of_its_own_under_expert_tp():
+    # with sp a dense block runs 2 gather/scatter pairs forward (attention, MLP) and 2
+    # backward (+2 under full recompute); a MoE block under expert tp only the attention's
+    plan = ParallelPlan(dp=1, tp=2, sp=True, global_batch=2, seq_len=64)
+    cl = ClusterSpec(load_hardware("h100-sxm"), 2, 8)
+    _, f, b, _, _ = S._tp_collectives(MOE_MODEL, plan, cl, 64, False, True)
+    assert (f, b) == (1, 1)
+    _, f, b, _, _ = S._tp_collectives(MOE_MODEL, plan.replace(recompute="full"), cl, 64, False, True)
+    assert (f, b) == (1, 2)
+    _, f, b, _, _ = S._tp_collectives(MOE_MODEL, plan, cl, 64, False, False)
+    assert (f, b) == (2, 2)
+
+
+def test_megatron_core_estimate_fits_where_whole_experts_do_not():
+    # a wide MoE (8 experts of 4 x 4096 x 16384, top 2) on tp 8: whole experts on each tp
+    # rank hold 8x the expert weights Megatron-Core's split does; the split plan is priced
+    # smaller and faster on both counts, and the tp-1 plan is the same either way
+    big = ModelSpec(name="w", n_layers=8, hidden=4096, n_heads=32, n_kv_heads=8,
+                    ffn_hidden=16384, vocab_size=32000, max_seq_len=4096, n_experts=8, top_k=2)
+    cl = ClusterSpec(load_hardware("h100-sxm"), 64, 8)
+    plan = ParallelPlan(dp=8, tp=8, ep=8, zero=1, sp=True, micro_batch=1, global_batch=64,
+                        seq_len=4096, dtype="bf16")
+    core = stack_options("megatron-core")
+    import dataclasses
+    whole = estimate(big, cl, plan, options=dataclasses.replace(core, expert_tp=False))
+    split = estimate(big, cl, plan, options=core)
+    # params: a rank's 1 expert of 3 x 4096 x 16384 a block, 8 blocks, at 2 bytes: the
+    # split holds 7/8 of it less
+    assert whole.memory.params - split.memory.params == pytest.approx(
+        8 * 3 * 4096 * 16384 * 2 * 7 / 8)
+    assert split.step.compute < whole.step.compute and split.step.total < whole.step.total
+    one = plan.replace(tp=1, sp=False, dp=64, ep=8)
+    cl1 = ClusterSpec(load_hardware("h100-sxm"), 64, 8)
+    a = estimate(big, cl1, one, options=dataclasses.replace(core, expert_tp=False))
+    b = estimate(big, cl1, one, options=core)
+    assert a.step.total == b.step.total and a.memory.total == b.memory.total

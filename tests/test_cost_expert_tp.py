@@ -148,3 +148,35 @@ def test_megatron_core_estimate_fits_where_whole_experts_do_not():
     a = estimate(big, cl1, one, options=dataclasses.replace(core, expert_tp=False))
     b = estimate(big, cl1, one, options=core)
     assert a.step.total == b.step.total and a.memory.total == b.memory.total
+
+
+
+def test_megatron_core_moe_with_tp_is_always_sequence_parallel(ptd_cli):
+    # Megatron-Core refuses MoE with tp > 1 and no sequence parallelism: the cost model
+    # chooses sp on where it is free, and never prices sp off for that stack
+    from ptd.cost.estimate import choose
+    big = ModelSpec(name="w", n_layers=8, hidden=1024, n_heads=16, n_kv_heads=8,
+                    ffn_hidden=4096, vocab_size=32000, max_seq_len=4096, n_experts=8, top_k=2)
+    cl = ClusterSpec(load_hardware("h100-sxm"), 16, 8)
+    base = ParallelPlan(dp=8, tp=2, ep=8, zero=1, micro_batch=1, global_batch=64,
+                        seq_len=4096, dtype="bf16")
+    assert choose(big, cl, base, ["sp"], options=stack_options("megatron-core")).plan.sp
+    with pytest.raises(Exception, match="only under sequence parallelism"):
+        choose(big, cl, base, [], options=stack_options("megatron-core"))
+    # ptd's runtime keeps experts whole on every tp rank and does not wire sp into its MoE
+    # layer, so ptd estimate and ptd plan (which price only what ptd train runs) have no
+    # tp > 1 plan of a MoE model for this stack: a one-line refusal naming both rules, and
+    # a ranking of tp 1 plans; ptd's own stack still prices tp > 1 without sp
+    args = ("estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "4", "--ep", "8",
+            "--pp", "2")
+    rc, out, err = ptd_cli(*args, "--stack", "megatron-core")
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "only under sequence parallelism" in err and "ptd train refuses" in err
+    rc, out, err = ptd_cli(*args, "--stack", "ptd", "--no-sp")
+    assert rc == 0, err
+    rc, out, err = ptd_cli("plan", "--model", "mixtral-8x7b", "--gpus", "64", "--stack",
+                           "megatron-core", "--fix", "pp=2", "--top", "20", "--json")
+    assert rc == 0, err
+    import json
+    ranked = json.loads(out)["top"]
+    assert ranked and all(r["plan"]["tp"] == 1 for r in ranked)

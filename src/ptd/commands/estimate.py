@@ -294,8 +294,10 @@ def activation_figures(m, p, opts=None, hw=None) -> dict:
     sel = p.replace(recompute="selective", sp=p.tp > 1)
     ours = activation_bytes(m, sel, opts.attention, opts.gqa_expanded,
                             fused_norm=fused_norm(opts, hw) if hw is not None else True,
-                            autocast=autocast(opts))
-    return {"used": "ptd", "ptd": f"tensor by tensor ({m.mlp} MLP unfused)",
+                            autocast=autocast(opts), fused_swiglu=opts.fused_swiglu,
+                            expert_tp=opts.expert_tp)
+    fused = "fused" if opts.fused_swiglu and m.mlp == "swiglu" else "unfused"
+    return {"used": "ptd", "ptd": f"tensor by tensor ({m.mlp} MLP {fused})",
             "megatron": "Megatron-LM's formula (a GPT block)",
             "selective_sp": sel.sp, "ptd_selective_bytes": ours,
             "megatron_selective_bytes": megatron_activation_bytes(m, sel)}

@@ -280,6 +280,17 @@ def candidates(model: ModelSpec, base: ParallelPlan, free: Iterable[str],
         yield p
 
 
+def stack_refuses(model: ModelSpec, plan: ParallelPlan, options: CostOptions) -> str | None:
+    """Why the priced stack itself would not run ``plan``, or None. Megatron-Core (the
+    stack with ``expert_tp``) refuses a mixture of experts under tp > 1 without sequence
+    parallelism (megatron/core/model_parallel_config.py: "When using MoE and tensor
+    parallelism, sequence parallelism must be used")."""
+    if options.expert_tp and model.is_moe and plan.tp > 1 and not plan.sp:
+        return ("the megatron-core stack runs a mixture of experts with tp > 1 only under "
+                "sequence parallelism (--sp)")
+    return None
+
+
 def choose(model: ModelSpec, cluster: ClusterSpec, base: ParallelPlan, free: Iterable[str],
            tokens: float | None = None, options: CostOptions = CostOptions(),
            refuse: Any = None, auto_uneven: bool = False) -> Estimate:
@@ -291,7 +302,12 @@ def choose(model: ModelSpec, cluster: ClusterSpec, base: ParallelPlan, free: Ite
     free = [k for k in FREE_KNOBS if k in set(free)]
     best: Estimate | None = None
     smallest: Estimate | None = None
+    stack_no: str | None = None
     for p in candidates(model, base, free, options.schedules, auto_uneven):
+        no = stack_refuses(model, p, options)
+        if no:
+            stack_no = stack_no or no
+            continue
         why = refuse(p) if refuse is not None else None
         if why:
             refused = refused or why
@@ -305,6 +321,10 @@ def choose(model: ModelSpec, cluster: ClusterSpec, base: ParallelPlan, free: Ite
     pick = best or smallest
     if pick is None:
         base.validate(model, cluster.n_devices)  # raises the reason
+        if stack_no and refused:
+            raise PtdError(f"{stack_no}; with it ptd train refuses the plan ({refused})")
+        if stack_no:
+            raise PtdError(stack_no)
         if refused:
             raise PtdError(f"ptd train refuses it: {refused}")
         raise PtdError("no valid plan with these settings")

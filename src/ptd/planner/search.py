@@ -35,7 +35,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from ..cost.estimate import CostOptions, Estimate, autocast, divisors, dp_overlap, fused_norm, zero_stages
+from ..cost.estimate import (CostOptions, Estimate, autocast, divisors, dp_overlap, fused_norm,
+                             stack_refuses, zero_stages)
 from ..cost.flops import flops_per_token
 from ..cost.memory import memory
 from ..cost.step import step_time
@@ -257,6 +258,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: i
         try:  # the final word: the checks of the walk mirror it
             plan.validate(model, cluster.n_devices)
             runtime_refuses(model, plan)  # what ptd train refuses
+            no = stack_refuses(model, plan, options)  # what the priced stack refuses
+            if no:
+                raise PtdError(no)
         except PtdError as err:
             walk.reject(f"invalid: {err}", 1, dims)
             continue

@@ -180,3 +180,30 @@ def test_megatron_core_moe_with_tp_is_always_sequence_parallel(ptd_cli):
     import json
     ranked = json.loads(out)["top"]
     assert ranked and all(r["plan"]["tp"] == 1 for r in ranked)
+
+
+def test_the_step_prices_the_tp_gathers_over_the_tp_group():
+    # ep 1, tp 2 on one H100 node: no all-to-all, but per block and micro-batch an
+    # all-gather and a reduce-scatter of the 64 x 2 x 64 x 2 = 16384 dispatched bytes over
+    # the 2 tp ranks, forward and backward: 4 blocks x 2 micro-batches x 2 x (AG + RS),
+    # each priced as the alpha-beta model prices one collective of that size on the node
+    from ptd.cost.comm import collective_time
+    hw = load_hardware("h100-sxm")
+    cl = ClusterSpec(hw, 2, 8)
+    plan = ParallelPlan(dp=1, tp=2, sp=True, micro_batch=1, global_batch=2, seq_len=64,
+                        dtype="bf16")
+    st = S.step_time(MOE_MODEL, plan, cl, expert_tp=True)
+    one = collective_time("all_gather", 16384, 2, hw, 1, 2) \
+        + collective_time("reduce_scatter", 16384, 2, hw, 1, 2)
+    assert st.ep_comm == pytest.approx(4 * 2 * 2 * one, rel=1e-12)
+    assert S.step_time(MOE_MODEL, plan, cl).ep_comm == 0.0  # experts whole: nothing to gather
+
+
+def test_sharded_states_hold_one_tp_th_of_the_experts_too():
+    # ZeRO-3 on dp 4 = ep 2 x edp 2, tp 2: the rank's 4 x 98304 / 2 expert elements are
+    # sharded over edp 2; split over tp they are half that: 98304 / 2 fewer per rank
+    plan = ParallelPlan(dp=4, tp=2, ep=2, zero=3, global_batch=8, seq_len=64, dtype="bf16")
+    whole = M.model_state_elements(MOE_MODEL, plan, 0, 0, "zero")
+    split = M.model_state_elements(MOE_MODEL, plan, 0, 0, "zero", expert_tp=True)
+    assert whole.params - split.params == (4 * 98304 // 2 - 4 * 98304 // 4) // 2 == 49152
+    assert P.max_local_numel(MOE_MODEL, plan, True) == P.local_numel(MOE_MODEL, plan, 0, True)

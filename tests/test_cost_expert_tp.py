@@ -207,3 +207,16 @@ def test_sharded_states_hold_one_tp_th_of_the_experts_too():
     split = M.model_state_elements(MOE_MODEL, plan, 0, 0, "zero", expert_tp=True)
     assert whole.params - split.params == (4 * 98304 // 2 - 4 * 98304 // 4) // 2 == 49152
     assert P.max_local_numel(MOE_MODEL, plan, True) == P.local_numel(MOE_MODEL, plan, 0, True)
+
+
+def test_no_tp_gathers_at_tp_1_and_edp_ranks_sit_ep_tp_apart():
+    # expert tp at tp 1 is no split: nothing is gathered over a one-rank group
+    plan = ParallelPlan(dp=2, tp=1, ep=2, micro_batch=1, global_batch=4, seq_len=64,
+                        dtype="bf16")
+    tp_calls = []
+    MOE.ep_comm_time(MOE_MODEL, plan, 4, lambda k, b, n: b, 1.0, True,
+                     lambda k, b: tp_calls.append(k) or b)
+    assert tp_calls == []
+    # the ranks holding the same experts: dp / ep = 4 of them, ep x tp = 8 global ranks
+    # apart (0, 8, 16, 24): on nodes of 16, two nodes of two
+    assert MOE.edp_node_split(ParallelPlan(dp=8, tp=4, ep=2, global_batch=8), 16) == (2, 2)

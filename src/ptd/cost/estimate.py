@@ -281,10 +281,12 @@ def candidates(model: ModelSpec, base: ParallelPlan, free: Iterable[str],
 
 
 def stack_refuses(model: ModelSpec, plan: ParallelPlan, options: CostOptions) -> str | None:
-    """Why the priced stack itself would not run ``plan``, or None. Megatron-Core (the
-    stack with ``expert_tp``) refuses a mixture of experts under tp > 1 without sequence
-    parallelism (megatron/core/model_parallel_config.py: "When using MoE and tensor
-    parallelism, sequence parallelism must be used")."""
+    """Why the priced stack itself would not run ``plan``, or None. Megatron-LM (the stack
+    with ``expert_tp``) refuses a mixture of experts under tp > 1 without sequence
+    parallelism: its argument check asserts it for any MoE model ("When using MoE and
+    tensor parallelism, sequence parallelism must be used", megatron/training/arguments.py
+    of the 2024 releases), and Megatron-Core's ModelParallelConfig raised a ValueError for
+    ep > 1 with tp > 1 (a warning by megatron-core 0.16)."""
     if options.expert_tp and model.is_moe and plan.tp > 1 and not plan.sp:
         return ("the megatron-core stack runs a mixture of experts with tp > 1 only under "
                 "sequence parallelism (--sp)")

@@ -220,3 +220,88 @@ def test_no_tp_gathers_at_tp_1_and_edp_ranks_sit_ep_tp_apart():
     # the ranks holding the same experts: dp / ep = 4 of them, ep x tp = 8 global ranks
     # apart (0, 8, 16, 24): on nodes of 16, two nodes of two
     assert MOE.edp_node_split(ParallelPlan(dp=8, tp=4, ep=2, global_batch=8), 16) == (2, 2)
+
+
+def test_the_heaviest_rank_counts_split_experts_without_ep_too():
+    # ep 1, tp 2: every rank holds all 4 experts, half of each: 4 blocks x 98304 / 2 fewer
+    plan = ParallelPlan(dp=2, tp=2, global_batch=4, seq_len=64)
+    assert P.max_local_numel(MOE_MODEL, plan) - P.max_local_numel(MOE_MODEL, plan, True) \
+        == 4 * 98304 // 2
+
+
+def test_imbalance_work_is_one_tp_th_under_expert_tp():
+    # dp 2 = ep 2, tp 2, micro-batch 1 of 64 tokens, 2 micro-batches: at imbalance 2 the
+    # busiest rank does one more mean load: 3 x (2 x 2 x 3 x 64 x 128 = 98304 FLOPs a
+    # token) x 128 tokens x 4 blocks at 1e12 FLOP/s, half of it split over tp 2
+    plan = ParallelPlan(dp=2, tp=2, ep=2, sp=True, micro_batch=1, global_batch=4, seq_len=64)
+    whole = MOE.imbalance_compute_time(MOE_MODEL, plan, 4, 1e12, 2.0)
+    assert whole == pytest.approx(3 * 98304 * 128 * 4 / 1e12, rel=1e-12)
+    assert MOE.imbalance_compute_time(MOE_MODEL, plan, 4, 1e12, 2.0, True) == pytest.approx(
+        whole / 2, rel=1e-12)
+
+
+def test_elementwise_passes_over_split_experts():
+    # the routed activation's 5 passes over F per assignment: 64 tokens x 2 assignments x
+    # 5 x 128 x (1 - 1/2) x 2 bytes = 81920 bytes fewer a block under tp 2
+    whole = C.elementwise_bytes_fwd(MOE_MODEL, 64, 2, True, 2)
+    split = C.elementwise_bytes_fwd(MOE_MODEL, 64, 2, True, 2, True)
+    assert whole - split == 64 * 2 * 5 * 64 * 2 == 81920
+
+
+def test_block_time_and_step_pass_the_split_on(monkeypatch):
+    # the block's routed products (what sits between the all-to-alls) and its memory-bound
+    # passes are the split ones; the step hands the split to the data-parallel terms and
+    # the imbalance work
+    hw = load_hardware("h100-sxm")
+    blk = C.block_time(MOE_MODEL, hw, 64, 1, 2, True, "bf16", 1e14, expert_tp=True)
+    want = sum(C.gemm_time(g, 1e14, hw.effective_memory_bandwidth, 2, hw, "bf16")
+               for g in C.routed_gemms(MOE_MODEL, 64, 2))
+    assert blk.routed_forward == pytest.approx(want, rel=1e-12)
+    seen: dict[str, list] = {}
+
+    def spy(mod, name, pick):
+        real = getattr(mod, name)
+
+        def wrapped(*a, **kw):
+            seen.setdefault(name, []).append(pick(a, kw))
+            return real(*a, **kw)
+        monkeypatch.setattr(mod, name, wrapped)
+    spy(C, "elementwise_bytes_fwd", lambda a, kw: a[5])
+    C.block_time(MOE_MODEL, hw, 64, 1, 2, True, "bf16", 1e14, expert_tp=True)
+    assert seen["elementwise_bytes_fwd"] == [True]
+    from ptd.cost import dp as DP
+    spy(DP, "dp_terms", lambda a, kw: a[-1])
+    spy(MOE, "imbalance_compute_time", lambda a, kw: a[-1])
+    spy(P, "local_block_numel", lambda a, kw: a[3] if len(a) > 3 else kw.get("expert_tp"))
+    plan = ParallelPlan(dp=2, tp=2, ep=2, sp=True, zero=1, micro_batch=1, global_batch=4,
+                        seq_len=64, dtype="bf16")
+    S.step_time(MOE_MODEL, plan, ClusterSpec(hw, 4, 8), expert_tp=True)
+    assert seen["dp_terms"] == [True] and seen["imbalance_compute_time"] == [True]
+    # ZeRO's per-block gathers and reduce-scatters move the split block
+    assert seen["local_block_numel"] and all(seen["local_block_numel"])
+
+
+def test_zero0_gradients_reduce_the_split_experts():
+    # ep 1, dp 2 x tp 2 on one node, no ZeRO: one all-reduce of the rank's fp32 gradients,
+    # the experts' half of each, over the 2 data-parallel ranks (global ranks 0 and 2)
+    from ptd.cost.comm import collective_time
+    hw = load_hardware("h100-sxm")
+    plan = ParallelPlan(dp=2, tp=2, sp=True, micro_batch=1, global_batch=4, seq_len=64,
+                        dtype="bf16")
+    st = S.step_time(MOE_MODEL, plan, ClusterSpec(hw, 4, 8), expert_tp=True)
+    grads = 4 * P.local_numel(MOE_MODEL, plan, 0, True)
+    assert st.dp_comm_total == pytest.approx(collective_time("all_reduce", grads, 2, hw, 1, 2),
+                                             rel=1e-12)
+
+
+def test_a_dense_model_is_priced_the_same_with_expert_tp():
+    # the megatron-core stack on a dense model: expert_tp changes nothing
+    dense = ModelSpec(name="d", n_layers=4, hidden=64, n_heads=4, n_kv_heads=4, ffn_hidden=128,
+                      vocab_size=256, max_seq_len=256)
+    cl = ClusterSpec(load_hardware("h100-sxm"), 4, 8)
+    plan = ParallelPlan(dp=2, tp=2, sp=True, micro_batch=1, global_batch=4, seq_len=64,
+                        dtype="bf16")
+    a, b = S.step_time(dense, plan, cl), S.step_time(dense, plan, cl, expert_tp=True)
+    assert a == b
+    _, f, bk, _, _ = S._tp_collectives(dense, plan, cl, 64, False, True)
+    assert (f, bk) == (2, 2)

@@ -329,7 +329,7 @@ def _tp_collectives(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, 
     else:
         col = 2
     n_block_f, n_block_b = 2, col + (2 if plan.recompute == "full" else 0)
-    if expert_tp:  # (Megatron-Core runs MoE with tp only under sequence parallelism: col 2)
+    if expert_tp and model.is_moe:  # (Megatron runs MoE with tp only under sp: col 2)
         n_block_f, n_block_b = 1, col - 1 + (1 if plan.recompute == "full" else 0)
     # vocabulary-parallel embedding output (first rank); on the last rank the sequence-
     # parallel gather before the output layer, loss_parallel's cross-entropy (max, sum of

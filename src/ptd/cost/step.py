@@ -213,7 +213,6 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     (Megatron-LM's fused QKV and MLP input). ``expert_tp``: routed experts split over tp,
     their tokens gathered over it (Megatron-Core; :mod:`ptd.cost.moe`)."""
     m = plan.n_microbatches
-    expert_tp = expert_tp and plan.tp > 1 and model.is_moe
     mbt = micro_batch(model, plan, cluster, attention, recompute_early_stop, tp_grad_per_linear,
                       elementwise, selective, expert_tp)
     cpt = CX.cp_terms(model, plan, cluster, mbt.nl)  # context parallel: whole-sequence attention

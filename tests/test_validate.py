@@ -263,12 +263,12 @@ def test_held_out_cases_load_and_are_all_priced():
     # are split over tp (with them whole on every tp rank they needed ~200 GiB a device)
     path = Path(__file__).resolve().parents[1] / "docs/data/heldout/cases.yaml"
     rows = [price(c) for c in load_cases(path)]
-    assert len(rows) == 37
+    assert len(rows) == 43
     assert {r.id: r.error.split(":")[0] for r in rows if r.error} == {
         "dgxc_llama31_8b_8": "does not fit", "dgxc_nemotron4_340b_128": "does not fit"}
-    assert len({r.id for r in rows}) == 37
+    assert len({r.id for r in rows}) == 43
     grok = [r for r in rows if r.id.startswith("dgxc_grok1")]
-    assert len(grok) == 3 and all(r.metric == "iter_time_s" for r in grok)
+    assert len(grok) == 9 and all(r.metric == "iter_time_s" for r in grok)
 
 
 @pytest.mark.parametrize("content,message", [

@@ -125,7 +125,7 @@ def test_a_moe_blocks_mlp_has_no_tp_all_reduce_of_its_own_under_expert_tp():
     assert (f, b) == (2, 2)
 
 
-def test_megatron_core_estimate_fits_where_whole_experts_do_not():
+def test_megatron_core_prices_split_experts_smaller_and_faster():
     # a wide MoE (8 experts of 4 x 4096 x 16384, top 2) on tp 8: whole experts on each tp
     # rank hold 8x the expert weights Megatron-Core's split does; the split plan is priced
     # smaller and faster on both counts, and the tp-1 plan is the same either way

@@ -306,3 +306,18 @@ def test_a_dense_model_is_priced_the_same_with_expert_tp():
     assert a == b
     _, f, bk, _, _ = S._tp_collectives(dense, plan, cl, 64, False, True)
     assert (f, bk) == (2, 2)
+
+
+def test_zero3_gathers_a_split_block():
+    # ZeRO-3 keeps a gathered block (16-bit) and its fp32 gradient unit beside the shards:
+    # (2 x 2 + 4) bytes a block element; split over tp 2 a block holds 98304 / 2 / 2 fewer
+    # expert elements (dp 4 = ep 2 x 2): 8 x 24576 bytes less
+    plan = ParallelPlan(dp=4, tp=2, ep=2, zero=3, global_batch=8, seq_len=64, dtype="bf16")
+    whole = M.buffer_bytes(MOE_MODEL, plan, convention="zero")
+    split = M.buffer_bytes(MOE_MODEL, plan, convention="zero", expert_tp=True)
+    assert whole - split == 8 * (98304 // 2 - 98304 // 4) == 196608
+    # and memory() hands the split on
+    a = M.memory(MOE_MODEL, plan, convention="zero")
+    b = M.memory(MOE_MODEL, plan, convention="zero", expert_tp=True)
+    assert a.buffers - b.buffers == 196608
+

@@ -351,3 +351,19 @@ def test_autocast_weight_copies_by_hand():
     for other in (plan.replace(dtype="fp32"), plan.replace(dp=2, zero=1, micro_batch=4)):
         assert predicted_rank_memory(tiny, other, 0, 0)["activations"] == activation_bytes(
             tiny, other, pp_rank=0, fused_norm=True, autocast=True)
+
+
+def test_pipeline_send_buffers_grow_with_the_micro_batch():
+    # pp 2: four activation-sized p2p buffers, s x b x h elements each (sp 1/tp of them):
+    # 4 x 2 bytes x 64 x 4 x 64 = 131072 bytes at micro-batch 4, a quarter at 1 (a survivor
+    # of the twenty-first session's sample: s // b for s x b held at micro-batch 1)
+    dense = ModelSpec(name="d", n_layers=4, hidden=64, n_heads=4, n_kv_heads=4, ffn_hidden=128,
+                      vocab_size=256, max_seq_len=256)
+    plan = ParallelPlan(dp=1, pp=2, micro_batch=4, global_batch=8, seq_len=64, dtype="bf16")
+    one = plan.replace(micro_batch=1, global_batch=2)
+
+    def sends(p):  # what pp adds to the buffers (zero 0, 16-bit states: nothing else differs)
+        return (M.buffer_bytes(dense, p, convention="zero")
+                - M.buffer_bytes(dense, p.replace(pp=1), convention="zero"))
+    d4, d1 = sends(plan), sends(one)
+    assert (d4, d1) == (4 * 2 * 64 * 4 * 64, 4 * 2 * 64 * 1 * 64)

@@ -435,7 +435,7 @@ def activation_bytes(model: ModelSpec, plan: ParallelPlan, attention: AttentionK
 
 # --------------------------------------------------------------------- buffers
 def buffer_bytes(model: ModelSpec, plan: ParallelPlan, pp_rank: int = 0,
-                 convention: Convention = "ptd") -> float:
+                 convention: Convention = "ptd", expert_tp: bool = False) -> float:
     """Transient and communication buffers on the most loaded rank.
 
     * bf16/fp16 compute copies of the local parameters (autocast's weight cache under DDP,
@@ -455,8 +455,9 @@ def buffer_bytes(model: ModelSpec, plan: ParallelPlan, pp_rank: int = 0,
     * DDP buckets are views of the gradients (``gradient_as_bucket_view``): no extra copy.
     """
     ab = DTYPE_BYTES[plan.dtype]
-    local = P.max_local_numel(model, plan)
-    block = P.local_block_numel(model, plan.tp, plan.ep)  # (with its experts, E / ep of them)
+    local = P.max_local_numel(model, plan, expert_tp)
+    # (with its experts, E / ep of them; split over tp under expert_tp, :mod:`ptd.cost.moe`)
+    block = P.local_block_numel(model, plan.tp, plan.ep, expert_tp)
     total = 0.0
     if plan.zero == 3:
         total += 2 * block * ab + block * 4
@@ -528,6 +529,7 @@ def memory(model: ModelSpec, plan: ParallelPlan, capacity: float = 0.0,
                            autocast=autocast, selective=selective,
                            fused_swiglu=fused_swiglu, expert_tp=expert_tp) / plan.cp
     return MemoryBreakdown(params=p, grads=g, optimizer=o, activations=act,
-                           buffers=buffer_bytes(model, plan, convention=convention)
+                           buffers=buffer_bytes(model, plan, convention=convention,
+                                                expert_tp=expert_tp)
                            + kv_buffer_bytes(model, plan),
                            capacity=capacity)

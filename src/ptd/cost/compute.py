@@ -30,6 +30,7 @@ from functools import lru_cache
 from dataclasses import dataclass
 
 from . import eager as EAGER
+from .moe import expert_split
 from ..specs.hardware import DTYPE_BYTES, HardwareSpec
 from ..specs.model import ModelSpec
 
@@ -331,7 +332,7 @@ def block_gemms(model: ModelSpec, tokens: int, seq_len: int, micro_batch: int, t
         # dense MLPs split over tp. Under expert_tp the experts are split over tp too, every
         # tp rank running all the assignments (gathered over tp) on its share of F.
         lin += [Gemm(tokens, model.n_experts, h),
-                *routed_gemms(model, tokens, t if expert_tp else 1)]
+                *routed_gemms(model, tokens, expert_split(t, expert_tp))]
         if model.n_shared_experts:
             lin += [Gemm(g.m, g.n, g.k, g.count * model.n_shared_experts) for g in mlp]
     elif ffn:
@@ -365,9 +366,10 @@ def elementwise_bytes_fwd(model: ModelSpec, tokens: int, tp: int, sp: bool, act_
     h, q, kv, f, t = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden, tp
     routed = 0.0
     if model.is_moe:
-        # routed experts whole on every tp rank; per assignment the gather of the tokens, the
-        # weighting and the index_add back each read and write h
-        routed = model.top_k * ((5 if model.mlp == "swiglu" else 2) * f / (t if expert_tp else 1)
+        # routed experts whole on every tp rank (split over it under expert_tp); per
+        # assignment the gather of the tokens, the weighting and the index_add back each
+        # read and write h
+        routed = model.top_k * ((5 if model.mlp == "swiglu" else 2) * f / expert_split(t, expert_tp)
                                 + 6 * h)
         f *= model.n_shared_experts
     rep = t if sp else 1
@@ -519,7 +521,7 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
         fwd += df * dtensor_overhead
         bwd += db * dtensor_overhead
     routed = (sum(gemm_time(g, rate, bw, ab, hw, dtype)
-                  for g in routed_gemms(model, tokens, tp if expert_tp else 1))
+                  for g in routed_gemms(model, tokens, expert_split(tp, expert_tp)))
               if model.is_moe else 0.0)
     if measured:
         fwd, bwd = fwd + moe_layer[0], bwd + moe_layer[1]  # type: ignore[index]

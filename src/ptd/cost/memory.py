@@ -76,6 +76,7 @@ from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
 from . import params as P
 from .memo import memo
+from .moe import expert_split
 
 Convention = Literal["ptd", "zero", "megatron"]
 AttentionKind = Literal["flash", "scores"]
@@ -282,7 +283,7 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     if model.is_moe:
         # and per micro-batch the assignment shares (fp32) and each grouped product's group
         # offsets (int32), E each
-        total += s * b * moe_bytes_per_token(model, ab, fused_swiglu, t if expert_tp else 1) \
+        total += s * b * moe_bytes_per_token(model, ab, fused_swiglu, expert_split(t, expert_tp)) \
             + 4 * model.n_experts * (
             1 + (3 if model.mlp == "swiglu" else 2))
     return total

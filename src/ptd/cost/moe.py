@@ -53,10 +53,10 @@ def ep_missing_numel(model: ModelSpec, ep: int, split: int = 1) -> int:
     return e - e // (ep * split) if ep * split > 1 else 0
 
 
-def expert_split(plan: ParallelPlan, expert_tp: bool) -> int:
+def expert_split(tp: int, expert_tp: bool) -> int:
     """How many ways each routed expert is split: ``tp`` under expert tensor parallelism
     (module docstring), else 1 (whole on every tp rank)."""
-    return plan.tp if expert_tp else 1
+    return tp if expert_tp else 1
 
 
 def dispatched_tokens(plan: ParallelPlan) -> int:
@@ -69,7 +69,7 @@ def all_to_all_bytes(model: ModelSpec, plan: ParallelPlan, expert_tp: bool = Fal
     """Buffer of one dispatch (or combine) all-to-all, one block, one micro-batch, per rank:
     ``T * k * h`` activation elements; under expert tensor parallelism each tp rank sends
     its sequence-parallel ``1 / tp`` of them."""
-    tokens = dispatched_tokens(plan) / expert_split(plan, expert_tp)
+    tokens = dispatched_tokens(plan) / expert_split(plan.tp, expert_tp)
     return tokens * model.top_k * model.hidden * _ACT_BYTES[plan.dtype]
 
 
@@ -122,7 +122,7 @@ def imbalance_compute_time(model: ModelSpec, plan: ParallelPlan, moe_layers: int
     them under expert tensor parallelism)."""
     if imbalance <= 1.0 or not model.is_moe or plan.ep <= 1:  # (ep 1: every rank runs all experts)
         return 0.0
-    tokens = dispatched_tokens(plan) * plan.n_microbatches / expert_split(plan, expert_tp)
+    tokens = dispatched_tokens(plan) * plan.n_microbatches / expert_split(plan.tp, expert_tp)
     return (imbalance - 1.0) * 3.0 * expert_flops_per_token(model) * tokens * moe_layers / rate
 
 

@@ -242,7 +242,7 @@ def local_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int,
     ZeRO sharding); ``expert_tp``: routed experts split over tp as well
     (:mod:`ptd.cost.moe`)."""
     n = _local_numels(model, layout_key(plan), plan.tp, plan.tp_mode)[pp_rank]
-    missing = moe_cost.ep_missing_numel(model, plan.ep, moe_cost.expert_split(plan, expert_tp))
+    missing = moe_cost.ep_missing_numel(model, plan.ep, moe_cost.expert_split(plan.tp, expert_tp))
     return n - missing * layers_per_rank(model, plan)[pp_rank]
 
 
@@ -251,7 +251,7 @@ def local_expert_numel(model: ModelSpec, plan: ParallelPlan, pp_rank: int,
     """The routed-expert elements among :func:`local_numel`: ``E / ep`` experts per MoE
     block (each ``1 / tp`` of itself under ``expert_tp``)."""
     per_block = moe_cost.routed_expert_numel(model) // (
-        plan.ep * moe_cost.expert_split(plan, expert_tp))
+        plan.ep * moe_cost.expert_split(plan.tp, expert_tp))
     return per_block * layers_per_rank(model, plan)[pp_rank]
 
 
@@ -295,7 +295,7 @@ def local_block_numel(model: ModelSpec, tp: int, ep: int = 1, expert_tp: bool = 
     """Parameters of one block on one rank after tp and ep splitting (its experts ``E / ep``,
     each split over tp under ``expert_tp``): what FSDP gathers for it, its dense part over
     dp and its experts over edp."""
-    return block_numel(model, tp) - moe_cost.ep_missing_numel(model, ep, tp if expert_tp else 1)
+    return block_numel(model, tp) - moe_cost.ep_missing_numel(model, ep, moe_cost.expert_split(tp, expert_tp))
 
 
 def unit_block_numel(model: ModelSpec, tp: int, ep: int = 1) -> int:

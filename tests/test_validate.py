@@ -257,15 +257,18 @@ def test_dropout_is_priced_only_where_a_case_states_it():
 
 def test_held_out_cases_load_and_are_all_priced():
     # docs/data/heldout/cases.yaml (validation.md quotes its tables): the file stays valid
-    # for the loader, and every case prices but the two DGX Cloud rows validation.md quotes
-    # as not fitting (at the smallest dp of their recipes) -- any other error row would be
-    # a miss the docs do not state. The Grok-1 MoE rows fit once Megatron-Core's experts
-    # are split over tp (with them whole on every tp rank they needed ~200 GiB a device)
+    # for the loader, and every case prices but the four rows validation.md quotes as not
+    # fitting: two DGX Cloud rows (at the smallest dp of their recipes) and Llama 3 405B's
+    # two 8K-token runs, which the paper says ran without activation checkpointing -- any
+    # other error row would be a miss the docs do not state. The Grok-1 MoE rows fit once
+    # Megatron-Core's experts are split over tp (with them whole on every tp rank they
+    # needed ~200 GiB a device)
     path = Path(__file__).resolve().parents[1] / "docs/data/heldout/cases.yaml"
     rows = [price(c) for c in load_cases(path)]
     assert len(rows) == 43
     assert {r.id: r.error.split(":")[0] for r in rows if r.error} == {
-        "dgxc_llama31_8b_8": "does not fit", "dgxc_nemotron4_340b_128": "does not fit"}
+        "dgxc_llama31_8b_8": "does not fit", "dgxc_nemotron4_340b_128": "does not fit",
+        "llama3_405b_8k_gpus": "does not fit", "llama3_405b_16k_gpus": "does not fit"}
     assert len({r.id for r in rows}) == 43
     grok = [r for r in rows if r.id.startswith("dgxc_grok1")]
     assert len(grok) == 9 and all(r.metric == "iter_time_s" for r in grok)

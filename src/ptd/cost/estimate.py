@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ..errors import PtdError
-from ..specs.hardware import ClusterSpec
+from ..specs.hardware import ClusterSpec, HardwareSpec
 from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
 from . import metrics
@@ -37,6 +37,11 @@ class CostOptions:
     all-gathered over it after the all-to-all and reduce-scattered before the way back
     (Megatron-Core's default ``expert_tensor_parallel_size = tp``); False: whole on every tp
     rank (ptd's runtime). See :mod:`ptd.cost.moe`."""
+    sp_gathered: bool = True
+    """Under sequence parallelism the column-parallel layers keep their all-gathered,
+    whole-sequence input for backward (PyTorch DTensor: ptd's runtime, torchtitan); False:
+    the sequence shard, gathered again in backward (Megatron-LM). See
+    :func:`ptd.cost.memory.activation_bytes_per_layer`."""
     attention: AttentionKind = "flash"
     """``flash``: fused attention keeps no s x s scores (PyTorch SDPA); ``scores``: it does."""
     gqa_expanded: bool = False
@@ -173,6 +178,16 @@ class Estimate:
         }
 
 
+def plan_memory(model: ModelSpec, plan: ParallelPlan, hardware: HardwareSpec,
+                options: CostOptions) -> MemoryBreakdown:
+    """:func:`ptd.cost.memory.memory` of ``plan`` on ``hardware`` under ``options`` (the
+    one place the options map onto the memory count: estimate and the planner share it)."""
+    return memory(model, plan, hardware.usable_memory, options.convention, options.attention,
+                  options.gqa_expanded, fused_norm(options, hardware), autocast(options),
+                  options.selective, options.fused_swiglu, options.expert_tp,
+                  options.sp_gathered)
+
+
 def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
              tokens: float | None = None, options: CostOptions = CostOptions(),
              validate: bool = True) -> Estimate:
@@ -182,9 +197,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         plan.validate(model, cluster.n_devices)
     fl = flops_per_token(model, plan.seq_len, plan.recompute, options.recompute_early_stop,
                          options.selective)
-    mem = memory(model, plan, cluster.hardware.usable_memory, options.convention,
-                 options.attention, options.gqa_expanded, fused_norm(options, cluster.hardware),
-                 autocast(options), options.selective, options.fused_swiglu, options.expert_tp)
+    mem = plan_memory(model, plan, cluster.hardware, options)
     st = step_time(model, plan, cluster, options.attention, dp_overlap(options, plan),
                    options.recompute_early_stop, options.tp_grad_per_linear,
                    options.moe_imbalance, options.ps_servers, options.zero3_gather,

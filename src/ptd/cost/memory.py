@@ -223,7 +223,8 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
                                attention: AttentionKind = "flash", gqa_expanded: bool = False,
                                dropout: bool | None = None, fused_norm: bool = True,
                                autocast: bool = False, selective: str = "attention",
-                               fused_swiglu: bool = False, expert_tp: bool = False) -> float:
+                               fused_swiglu: bool = False, expert_tp: bool = False,
+                               sp_gathered: bool = False) -> float:
     """Bytes one block keeps for its backward, for one micro-batch (see module docstring).
     ``fused_norm=False``: RMSNorm runs as PyTorch's composite ``rms_norm`` (what the CPU
     runs), which keeps the normalised input ``x * rsqrt(mean(x^2) + eps)`` for the weight's
@@ -239,10 +240,17 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     keeps only its input (gate and up) and recomputes the rest in backward (Megatron-Core's
     ``bias_swiglu_impl``, on by default: ``--no-bias-swiglu-fusion`` turns it off), so with
     the second product's input 3 F a token instead of eager PyTorch's 4 (in routed experts
-    too). ``expert_tp``: routed experts split over tp (:func:`moe_bytes_per_token`)."""
+    too). ``expert_tp``: routed experts split over tp (:func:`moe_bytes_per_token`).
+    ``sp_gathered``: under sequence parallelism the column-parallel layers keep the
+    all-gathered, whole-sequence input for their weight gradient (PyTorch's DTensor plan,
+    ``SequenceParallel`` then ``PrepareModuleInput`` to ``Replicate`` before
+    ``ColwiseParallel``: the gather's output is what the linear saves; ptd's runtime and
+    torchtitan), where Megatron-LM keeps the sequence shard and gathers it again in backward
+    (``LinearWithGradAccumulationAndAsyncCommunication`` saves its sharded ``input``;
+    Korthikanti et al. 2022, section 4.2.2): ``tp`` times the bytes of those inputs."""
     kw = dict(attention=attention, gqa_expanded=gqa_expanded, dropout=dropout,
               fused_norm=fused_norm, autocast=autocast, fused_swiglu=fused_swiglu,
-              expert_tp=expert_tp)
+              expert_tp=expert_tp, sp_gathered=sp_gathered)
     if recompute == "selective" and selective == "layer":
         return 0.5 * sum(activation_bytes_per_layer(model, seq_len, micro_batch, tp, sp, rc,
                                                     act_bytes, **kw) for rc in ("none", "full"))
@@ -265,7 +273,8 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     total = 0.0
     total += 2 * nb * sbh / seq_div                       # two norm inputs
     inputs = 3 + (2 if model.mlp == "swiglu" else 1) if cast else 2
-    total += inputs * ab * sbh / seq_div                  # QKV input, MLP input (or each cast)
+    in_div = 1 if sp_gathered else seq_div  # (DTensor keeps the gathered sequence)
+    total += inputs * ab * sbh / in_div                   # QKV input, MLP input (or each cast)
     if not fused_norm and model.norm == "rmsnorm":
         total += 2 * nb * sbh / seq_div                   # composite RMSNorm: x * rstd, twice
     total += ab * s * b * (q + 2 * kv) / t                # Q, K, V
@@ -335,15 +344,17 @@ def moe_bytes_per_token(model: ModelSpec, act_bytes: int, fused_swiglu: bool = F
 
 def output_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1,
                             sp: bool = False, act_bytes: int = 2, fused_norm: bool = True,
-                            autocast: bool = False) -> float:
+                            autocast: bool = False, sp_gathered: bool = False) -> float:
     """What the final norm, output layer and cross-entropy keep: the norm input and output
-    layer input (``a_b s b h`` each, /t with sp; a composite RMSNorm also its normalised
-    input; under ``autocast`` the norm's tensors fp32) and the fp32 log-probabilities
-    (``4 s b V / t``, V padded) that the loss's backward needs."""
+    layer input (``a_b s b h`` each, /t with sp -- the output layer's whole under
+    ``sp_gathered``, :func:`activation_bytes_per_layer`; a composite RMSNorm also its
+    normalised input; under ``autocast`` the norm's tensors fp32) and the fp32
+    log-probabilities (``4 s b V / t``, V padded) that the loss's backward needs."""
     sbh = seq_len * micro_batch * model.hidden
     nb = 4 if (autocast and act_bytes < 4) else act_bytes
     norm = 2 if (not fused_norm and model.norm == "rmsnorm") else 1
-    return ((norm * nb + act_bytes) * sbh / (tp if sp else 1)
+    seq_div = tp if sp else 1
+    return (norm * nb * sbh / seq_div + act_bytes * sbh / (1 if sp_gathered else seq_div)
             + 4 * seq_len * micro_batch * model.padded_vocab(tp) / tp)
 
 
@@ -392,17 +403,18 @@ def activation_bytes(model: ModelSpec, plan: ParallelPlan, attention: AttentionK
                      gqa_expanded: bool = False, pp_rank: int | None = None,
                      fused_norm: bool = True, autocast: bool = False,
                      selective: str = "attention", fused_swiglu: bool = False,
-                     expert_tp: bool = False) -> float:
+                     expert_tp: bool = False, sp_gathered: bool = False) -> float:
     """Peak activation bytes on the most loaded pipeline rank (or the given one);
-    ``autocast``, ``fused_swiglu``, ``expert_tp``: see :func:`activation_bytes_per_layer`."""
+    ``autocast``, ``fused_swiglu``, ``expert_tp``, ``sp_gathered``: see
+    :func:`activation_bytes_per_layer`."""
     ab = DTYPE_BYTES[plan.dtype]
     per_layer = activation_bytes_per_layer(model, plan.seq_len, plan.micro_batch, plan.tp,
                                            plan.sp, plan.recompute, ab, attention, gqa_expanded,
                                            fused_norm=fused_norm, autocast=autocast,
                                            selective=selective, fused_swiglu=fused_swiglu,
-                                           expert_tp=expert_tp)
+                                           expert_tp=expert_tp, sp_gathered=sp_gathered)
     out_keep = output_activation_bytes(model, plan.seq_len, plan.micro_batch, plan.tp, plan.sp, ab,
-                                       fused_norm, autocast)
+                                       fused_norm, autocast, sp_gathered)
     out_work = output_transient_bytes(model, plan.seq_len, plan.micro_batch, plan.tp)
     # the embedding's dropout mask: a sequence shard under sp, except with learned positions,
     # whose embedding the runtime keeps whole over tp (runtime/parallel/tp.py) until block 0
@@ -517,10 +529,12 @@ def memory(model: ModelSpec, plan: ParallelPlan, capacity: float = 0.0,
            convention: Convention = "ptd", attention: AttentionKind = "flash",
            gqa_expanded: bool = False, fused_norm: bool = True,
            autocast: bool = False, selective: str = "attention",
-           fused_swiglu: bool = False, expert_tp: bool = False) -> MemoryBreakdown:
+           fused_swiglu: bool = False, expert_tp: bool = False,
+           sp_gathered: bool = False) -> MemoryBreakdown:
     """Memory on the most loaded device; ``autocast``: fp32 weights under autocast keep
     fp32 norm tensors and a cast input per linear layer (:func:`activation_bytes_per_layer`);
-    ``expert_tp``: routed experts split over tp (:mod:`ptd.cost.moe`)."""
+    ``expert_tp``: routed experts split over tp (:mod:`ptd.cost.moe`); ``sp_gathered``: the
+    column-parallel inputs kept whole under sequence parallelism (ibid.)."""
     p, g, o = model_state_bytes(model, plan, convention, expert_tp=expert_tp)
     if plan.offload:
         # FSDP CPU offload keeps sharded parameters, gradients and optimizer states in host
@@ -528,7 +542,8 @@ def memory(model: ModelSpec, plan: ParallelPlan, capacity: float = 0.0,
         p = g = o = 0.0
     act = activation_bytes(model, plan, attention, gqa_expanded, fused_norm=fused_norm,
                            autocast=autocast, selective=selective,
-                           fused_swiglu=fused_swiglu, expert_tp=expert_tp) / plan.cp
+                           fused_swiglu=fused_swiglu, expert_tp=expert_tp,
+                           sp_gathered=sp_gathered) / plan.cp
     return MemoryBreakdown(params=p, grads=g, optimizer=o, activations=act,
                            buffers=buffer_bytes(model, plan, convention=convention,
                                                 expert_tp=expert_tp)

@@ -56,6 +56,10 @@ class Stack:
     expert_tp: bool = False
     """Routed experts split over tp, their tokens gathered over it
     (:class:`ptd.cost.estimate.CostOptions`, :mod:`ptd.cost.moe`)."""
+    sp_gathered: bool = False
+    """Under sequence parallelism the column-parallel layers keep the gathered sequence for
+    backward (PyTorch DTensor) rather than their shard (Megatron-LM)
+    (:class:`ptd.cost.estimate.CostOptions`)."""
 
 
 _DEEPSPEED = Stack(
@@ -73,8 +77,11 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           "parallelism (src/ptd/runtime); fp32 weights under torch.autocast, its norms, "
           "rotary embedding, activation and loss as eager PyTorch operators; with tp, "
           "pp, cp or ep > 1 and no ZeRO the gradients are all-reduced after the backward "
-          "(runtime/parallel/ddp.py GradAllReduce: DDP holds no DTensors).",
-          elementwise="autocast", dp_overlap_model_parallel=False, fsdp_copy_out=True),
+          "(runtime/parallel/ddp.py GradAllReduce: DDP holds no DTensors); under sequence "
+          "parallelism each column-parallel layer keeps the all-gathered sequence "
+          "(runtime/parallel/tp.py; tests/test_cost_vs_runtime.py counts it).",
+          elementwise="autocast", dp_overlap_model_parallel=False, fsdp_copy_out=True,
+          sp_gathered=True),
     Stack("megatron-2021", "scores", False, False, False, ("1f1b", "interleaved-1f1b"),
           "Narayanan et al. 2021 (arXiv 2104.04473) and Korthikanti et al. 2022 (arXiv "
           "2205.05198): unfused attention with a fused scale-mask-softmax kernel, the "
@@ -115,8 +122,11 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           "checkpointing per operator (parallelisms/parallelize_llama.py at 041336434916, "
           "2024-04, selective_ac_option 'op'; torchtitan 0.3.0's SelectiveAC, the "
           "version ptd plan --export torchtitan writes for) or, then by default, every "
-          "second block in full (config_manager.py selective_ac_option '2').",
-          elementwise="llama-ref", fsdp_copy_out=True, selective="op"),
+          "second block in full (config_manager.py selective_ac_option '2'). Sequence "
+          "parallelism by DTensor (SequenceParallel norms, PrepareModuleInput to Replicate "
+          "before the column-parallel layers, parallelize_llama.py), whose layers keep the "
+          "gathered sequence for backward.",
+          elementwise="llama-ref", fsdp_copy_out=True, selective="op", sp_gathered=True),
     _DEEPSPEED,
     # the same kernels and overlap; only ZeRO-3's gathers differ
     dataclasses.replace(
@@ -145,4 +155,4 @@ def stack_options(name: str, hardware: object = None) -> CostOptions:
                        fsdp_copy_out=s.fsdp_copy_out, selective=s.selective,
                        dp_overlap_pipeline=s.dp_overlap_pipeline,
                        convention=s.convention, fused_swiglu=s.fused_swiglu,  # type: ignore[arg-type]
-                       expert_tp=s.expert_tp)
+                       expert_tp=s.expert_tp, sp_gathered=s.sp_gathered)

@@ -35,10 +35,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from ..cost.estimate import (CostOptions, Estimate, autocast, divisors, dp_overlap, fused_norm,
+from ..cost.estimate import (CostOptions, Estimate, divisors, dp_overlap, plan_memory,
                              stack_refuses, zero_stages)
 from ..cost.flops import flops_per_token
-from ..cost.memory import memory
 from ..cost.step import step_time
 from ..errors import PtdError
 from ..specs.hardware import ClusterSpec
@@ -207,16 +206,12 @@ class _Pricer:
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, options: CostOptions,
                  tokens: float | None, seq_len: int):
         self.model, self.cluster, self.options = model, cluster, options
-        self.capacity = cluster.hardware.usable_memory
         self.tokens = float(tokens) if tokens else 20.0 * model.param_count()
         self.flops = {rc: flops_per_token(model, seq_len, rc, options.recompute_early_stop,
                                           options.selective) for rc in RECOMPUTE}
 
     def memory(self, plan: ParallelPlan):
-        o = self.options
-        return memory(self.model, plan, self.capacity, o.convention, o.attention, o.gqa_expanded,
-                      fused_norm(o, self.cluster.hardware), autocast(o), o.selective,
-                      o.fused_swiglu, o.expert_tp)
+        return plan_memory(self.model, plan, self.cluster.hardware, self.options)
 
     def estimate(self, plan: ParallelPlan, mem) -> Estimate:
         o = self.options

@@ -69,7 +69,7 @@ def predicted_rank_memory(model: Any, plan: Any, pp_rank: int, dp_rank: int,
     fused = fused_norm(CostOptions(), hardware) if hardware is not None else True
     # ptd's runtime: fp32 weights under autocast in bf16/fp16
     d["activations"] = activation_bytes(model, plan, pp_rank=pp_rank, fused_norm=fused,
-                                        autocast=True)
+                                        autocast=True, sp_gathered=True)
     ab = DTYPE_BYTES[plan.dtype]
     if ab < 4 and plan.zero == 0:  # autocast's weight copies lie under the measured peak
         d["activations"] += ab * autocast_weight_copies(model, plan, pp_rank)

@@ -1,0 +1,122 @@
+"""What a tensor- and sequence-parallel block of ptd's runtime keeps for backward, on two
+gloo ranks, against the cost model's count (``sp_gathered``): PyTorch's DTensor plan
+gathers the sequence before the column-parallel layers, and those layers keep the gathered,
+whole-sequence input -- not the shard Megatron-LM keeps (``ptd.cost.memory``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ptd.cost.memory import activation_bytes_per_layer, output_activation_bytes
+from ptd.specs import get_preset
+
+S, B, TP = 64, 3, 2  # 192 tokens, 96 a rank's sequence shard
+
+
+def _saved_bytes(rank: int, store_path: str, autocast: bool, out: dict) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from ptd.runtime.model.init import materialize
+    from ptd.runtime.model.transformer import build_model
+    from ptd.runtime.parallel.tp import apply_tp
+    from ptd.specs.plan import ParallelPlan
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, TP), rank=rank,
+                            world_size=TP)
+    try:
+        spec = get_preset("small")
+        model = build_model(spec, "meta")
+        apply_tp(model, init_device_mesh("cpu", (TP,)), ParallelPlan(tp=TP, sp=True))
+        materialize(model, torch.device("cpu"), seed=0)
+        # under sp the residual stream between blocks is the rank's local sequence shard
+        x = torch.randn(B, S // TP, spec.hidden, requires_grad=True)
+        local = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
+        shapes = {tuple(p.shape) for p in local} | {tuple(p.shape)[::-1] for p in local}
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            t_l = t.to_local() if isinstance(t, DTensor) else t
+            ptr = t_l.untyped_storage().data_ptr()
+            # the block's input (counted as the previous block's output), the weights and
+            # their casts, the norms' per-token statistics, the rotary tables
+            if (ptr == x.untyped_storage().data_ptr() or tuple(t_l.shape) in shapes
+                    or t_l.shape[-1] == 1 or t_l.shape[0] == 1):
+                return t
+            seen[ptr] = t_l.untyped_storage().nbytes()
+            return t
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                y = model.layers["0"](x, (model.rope_cos, model.rope_sin))
+        block = sum(seen.values())
+        # the final norm and the output layer on the last block's output (a shard)
+        seen.clear()
+        x = y.detach().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                model.output(model.norm(x))
+        out[rank] = (block, sum(seen.values()))
+    finally:
+        dist.destroy_process_group()
+
+
+def _worker(rank, store_path, autocast, q):
+    got: dict = {}
+    _saved_bytes(rank, store_path, autocast, got)
+    q.put((rank, got[rank]))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("autocast", [False, True])
+def test_sequence_parallel_block_keeps_the_gathered_inputs(autocast, tmp_path):
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    procs = [ctx.Process(target=_worker, args=(r, str(tmp_path / "store"), autocast, q))
+             for r in range(TP)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(90)
+        assert p.exitcode == 0
+    results = dict(q.get() for _ in range(TP))
+    assert results[0] == results[1]
+    got = {r: v[0] for r, v in results.items()}
+    head = results[0][1]
+    spec = get_preset("small")  # h 256, 8 query heads of 32 (4 a rank), 4 kv heads, F 704
+    full, shard = S * B, S * B // TP  # tokens of the gathered sequence and of a shard
+    if autocast:  # by hand, bytes a rank keeps
+        want = (4 * 256 * shard             # the second norm's fp32 input (a shard)
+                + 2 * 4 * 256 * shard       # the composite RMSNorms' normalised inputs
+                + 5 * 2 * 256 * full        # wq, wk, wv, w1, w3: each its bf16 cast of the
+                                            # gathered sequence
+                + 2 * (128 + 2 * 64) * full + 2 * 128 * full  # q, k, v; attention output
+                + 4 * 2 * 352 * full        # SwiGLU: w1 and w3 outputs, SiLU, product
+                + 4 * 4 * full)             # fp32 log-sum-exp, 4 heads
+        assert want == 1_477_632
+    else:  # fp32: wq, wk, wv share one gathered input, w1 and w3 another
+        want = (4 * 256 * shard + 2 * 4 * 256 * shard
+                + 2 * 4 * 256 * full
+                + 4 * (128 + 2 * 64) * full + 4 * 128 * full
+                + 4 * 4 * 352 * full
+                + 4 * 4 * full)
+        assert want == 2_067_456
+    assert got[0] == want
+    ab = 2 if autocast else 4
+    block_input = 4 * 256 * shard
+    count = activation_bytes_per_layer(spec, S, B, tp=TP, sp=True, act_bytes=ab,
+                                       fused_norm=False, autocast=autocast, sp_gathered=True)
+    assert count - block_input == want
+    # Megatron-LM's count keeps the shard: (tp - 1) / tp of those inputs fewer
+    n_in = 5 if autocast else 2
+    shard_count = activation_bytes_per_layer(spec, S, B, tp=TP, sp=True, act_bytes=ab,
+                                             fused_norm=False, autocast=autocast)
+    assert count - shard_count == n_in * ab * 256 * (full - shard)
+    # the final norm (composite RMSNorm: its normalised input, fp32 under autocast, a shard)
+    # and the output layer's input, the gathered sequence (its bf16 cast under autocast)
+    want_head = 4 * 256 * shard + ab * 256 * full
+    assert head == want_head
+    logprobs = 4 * S * B * spec.padded_vocab(TP) / TP  # the loss's, not run here
+    norm_input = 4 * 256 * shard
+    assert output_activation_bytes(spec, S, B, TP, True, ab, fused_norm=False, autocast=autocast,
+                                   sp_gathered=True) - logprobs - norm_input == want_head

@@ -117,11 +117,14 @@ def test_a_moe_blocks_mlp_has_no_tp_all_reduce_of_its_own_under_expert_tp():
     # backward (+2 under full recompute); a MoE block under expert tp only the attention's
     plan = ParallelPlan(dp=1, tp=2, sp=True, global_batch=2, seq_len=64)
     cl = ClusterSpec(load_hardware("h100-sxm"), 2, 8)
-    _, f, b, _, _ = S._tp_collectives(MOE_MODEL, plan, cl, 64, False, True)
+    t = S._tp_collectives(MOE_MODEL, plan, cl, 64, False, True)
+    f, b = t.n_f, t.n_b
     assert (f, b) == (1, 1)
-    _, f, b, _, _ = S._tp_collectives(MOE_MODEL, plan.replace(recompute="full"), cl, 64, False, True)
+    t = S._tp_collectives(MOE_MODEL, plan.replace(recompute="full"), cl, 64, False, True)
+    f, b = t.n_f, t.n_b
     assert (f, b) == (1, 2)
-    _, f, b, _, _ = S._tp_collectives(MOE_MODEL, plan, cl, 64, False, False)
+    t = S._tp_collectives(MOE_MODEL, plan, cl, 64, False, False)
+    f, b = t.n_f, t.n_b
     assert (f, b) == (2, 2)
 
 
@@ -304,7 +307,8 @@ def test_a_dense_model_is_priced_the_same_with_expert_tp():
                         dtype="bf16")
     a, b = S.step_time(dense, plan, cl), S.step_time(dense, plan, cl, expert_tp=True)
     assert a == b
-    _, f, bk, _, _ = S._tp_collectives(dense, plan, cl, 64, False, True)
+    t = S._tp_collectives(dense, plan, cl, 64, False, True)
+    f, bk = t.n_f, t.n_b
     assert (f, bk) == (2, 2)
 
 

@@ -76,11 +76,13 @@ def test_tp_collectives_by_hand(monkeypatch, sp):
     monkeypatch.setattr(S, "_coll", _bytes_as_seconds(calls))
     plan = ParallelPlan(dp=1, tp=2, pp=1, sp=sp, micro_batch=1, global_batch=1, seq_len=5,
                         dtype="bf16")
-    ar, nbf, nbb, nof, tpof = S._tp_collectives(LLAMA, plan, ClusterSpec(GPU, 2), 5, True)
+    t = S._tp_collectives(LLAMA, plan, ClusterSpec(GPU, 2), 5, True)
+    ar, nbf, nbb, nof, tpof = t.ar_f, t.n_f, t.n_b, t.n_out_f, t.out_f
     # the block's activation all-reduce: 2 bytes x 5 tokens x hidden 8 = 80; the loss's
-    # fp32 per token, 4 x 5 = 20, three of them (max, sum of exponentials, target logit)
-    assert ar == 80.0
-    assert calls == [("all_reduce", 80, 2, 1, 2), ("all_reduce", 20, 2, 1, 2)]
+    # fp32 per token, 4 x 5 = 20, three of them (max, sum of exponentials, target logit);
+    # kernels in the compute dtype (not ptd's autocast): every collective 2 bytes a value
+    assert ar == t.ar_b == t.ar_end == 80.0 and t.n_rc == 0
+    assert sorted(set(calls)) == [("all_reduce", 20, 2, 1, 2), ("all_reduce", 80, 2, 1, 2)]
     assert nbf == 2
     if sp:
         # sequence parallel: one all-gather + reduce-scatter pair per block each way, and the
@@ -96,9 +98,10 @@ def test_tp_collectives_fused_inputs_gelu_and_full_recompute(monkeypatch):
     plan = ParallelPlan(dp=1, tp=2, pp=1, micro_batch=1, global_batch=1, seq_len=5,
                         dtype="bf16", recompute="full")
     # GELU per linear: wq, wk, wv, w1 = 4, and full recompute repeats the forward's 2: 6
-    assert S._tp_collectives(GPT2, plan, ClusterSpec(GPU, 2), 5, True)[2] == 6
+    assert S._tp_collectives(GPT2, plan, ClusterSpec(GPU, 2), 5, True).n_b == 6
     # fused inputs (Megatron): 2, plus recompute's 2
-    assert S._tp_collectives(GPT2, plan, ClusterSpec(GPU, 2), 5, False)[2] == 4
+    t = S._tp_collectives(GPT2, plan, ClusterSpec(GPU, 2), 5, False)
+    assert (t.n_b, t.n_rc) == (4, 2)
 
 
 # ------------------------------------------------------------------ micro-batch
@@ -108,7 +111,8 @@ def test_micro_batch_tensor_parallel_times_by_hand(monkeypatch):
     monkeypatch.setattr(S, "_block_time", lambda *a, **k: blk)
     monkeypatch.setattr(S, "_output_time", lambda *a, **k: (7.0, 11.0))
     # all-reduce 0.25 s; 2 per block forward, 5 backward; output layer 3 forward, 0.75 s
-    monkeypatch.setattr(S, "_tp_collectives", lambda *a, **k: (0.25, 2, 5, 3, 0.75))
+    monkeypatch.setattr(S, "_tp_collectives",
+                        lambda *a, **k: S.TPCollectives(0.25, 0.25, 0.25, 2, 5, 2, 3, 0.75))
     plan = ParallelPlan(dp=1, tp=2, pp=1, micro_batch=1, global_batch=1, seq_len=8,
                         dtype="bf16", recompute="full")
     mb = S.micro_batch(LLAMA, plan, ClusterSpec(GPU, 2), "flash", True, True)
@@ -223,3 +227,30 @@ def test_cpu_overlap_loss_by_hand():
     assert S.cpu_overlap_loss(ClusterSpec(SHARED, 4, 4), "fp32") == exact(0.6)
     # 2 workers: (160 - 2 x 80) / 100 = 0: loss 1
     assert S.cpu_overlap_loss(ClusterSpec(SHARED, 2, 2), "fp32") == 1.0
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_tp_collectives_under_autocast_move_fp32_where_the_runtime_does(monkeypatch, sp):
+    # ptd's runtime in bf16 keeps fp32 weights under autocast: the norms' outputs, the
+    # embedding's output and their gradients are fp32 (tests/test_tp_collective_dtypes.py
+    # records it on two ranks). 5 tokens x hidden 8 = 40 values a collective
+    monkeypatch.setattr(S, "_coll", _bytes_as_seconds([]))
+    plan = ParallelPlan(dp=1, tp=2, pp=1, sp=sp, micro_batch=1, global_batch=1, seq_len=5,
+                        dtype="bf16")
+    t = S._tp_collectives(LLAMA, plan, ClusterSpec(GPU, 2), 5, True, elementwise="autocast")
+    if sp:
+        # forward: all-gather of the fp32 norm output (4) + reduce-scatter of the bf16
+        # row-parallel output (2); backward: the reverse -- each pair as one all-reduce of
+        # their mean, 3 bytes x 40 = 120
+        assert (t.ar_f, t.ar_b) == (120.0, 120.0)
+        assert t.out_f == 160.0 + 3 * 20.0  # the fp32 final norm's gather; the loss's three
+    else:
+        # forward: the row-parallel outputs, bf16 (80); backward: each linear's input
+        # gradient, fp32 (160)
+        assert (t.ar_f, t.ar_b) == (80.0, 160.0)
+        assert t.out_f == 3 * 20.0
+    assert t.ar_end == 160.0  # the embedding's fp32 output; the output layer's input gradient
+    # fp32 training runs no autocast: every collective 4 bytes a value
+    t32 = S._tp_collectives(LLAMA, plan.replace(dtype="fp32"), ClusterSpec(GPU, 2), 5, True,
+                            elementwise="autocast")
+    assert t32.ar_f == t32.ar_b == t32.ar_end == 160.0

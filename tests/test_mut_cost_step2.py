@@ -99,7 +99,8 @@ def test_micro_batch_zbv_output_layer_on_rank_zero(monkeypatch):
     blk = C.BlockTime(forward=3.0, backward=5.0, attention_forward=1.0)
     monkeypatch.setattr(S, "_block_time", lambda *a, **k: blk)
     monkeypatch.setattr(S, "_output_time", lambda *a, **k: (7.0, 11.0))
-    monkeypatch.setattr(S, "_tp_collectives", lambda *a, **k: (0.25, 2, 5, 3, 0.75))
+    monkeypatch.setattr(S, "_tp_collectives",
+                        lambda *a, **k: S.TPCollectives(0.25, 0.25, 0.25, 2, 5, 0, 3, 0.75))
     plan = ParallelPlan(dp=1, tp=1, pp=2, schedule="zero-bubble", micro_batch=1,
                         global_batch=4, seq_len=8, dtype="bf16")
     mb = S.micro_batch(LLAMA, plan, ClusterSpec(GPU, 2), "flash", True, True)

@@ -276,8 +276,8 @@ def micro_batch(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, atte
         blk = dataclasses.replace(blk, forward=blk.forward + ef, backward=blk.backward + eb)
     out_f, out_b = _output_time(model, hw, tokens, plan.tp, plan.dtype, rate, bw, ovh,
                                 dt_ovh, plan.sp, elementwise)
-    ar, n_block_f, n_block_b, n_out_f, tp_out_f = _tp_collectives(
-        model, plan, cluster, tokens, tp_grad_per_linear, expert_tp)
+    tpc = _tp_collectives(model, plan, cluster, tokens, tp_grad_per_linear, expert_tp,
+                          elementwise)
     tp_n = plan.tp
     first, last = stage_to_rank(0, plan), stage_to_rank(plan.n_stages - 1, plan)
     worst = None
@@ -287,56 +287,92 @@ def micro_batch(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, atte
         f = nl * blk.forward + (out_f if r == last else 0.0)
         b = nl * blk.backward + (out_b if r == last else 0.0)
         rc = nl * blk.recompute(plan.recompute, recompute_early_stop)
-        n_f = nl * n_block_f + (1 if r == first else 0) + (n_out_f if r == last else 0)
-        n_b = nl * n_block_b + (1 if r == last else 0)
+        n_f = nl * tpc.n_f + (1 if r == first else 0) + (tpc.n_out_f if r == last else 0)
+        n_b = nl * tpc.n_b + (1 if r == last else 0)
         # Each tp collective blocks the compute stream. After a chunk of computation it also
         # waits beyond its back-to-back time (calibrated ``blocking_wait_measured``: gloo's
         # threads wake, a peer descheduled on shared cores arrives late; 0 on GPUs and
         # presets), which grows with the chunk: the rank's compute shared among them, and
         # with the group (it waits for the latest of its peers).
         wait = cluster.blocking_wait((f + b + rc) / (n_f + n_b), tp_n) if tp_n > 1 else 0.0
-        tf = nl * n_block_f * ar + (ar if r == first else 0.0) \
-            + (tp_out_f if r == last else 0.0) + n_f * wait
-        tb = nl * n_block_b * ar + (ar if r == last else 0.0) + n_b * wait
-        cand = MicroBatch(f, b, rc, tf, tb, nl, blk, ar, wait)
+        tf = nl * tpc.n_f * tpc.ar_f + (tpc.ar_end if r == first else 0.0) \
+            + (tpc.out_f if r == last else 0.0) + n_f * wait
+        tb = nl * ((tpc.n_b - tpc.n_rc) * tpc.ar_b + tpc.n_rc * tpc.ar_f) \
+            + (tpc.ar_end if r == last else 0.0) + n_b * wait
+        cand = MicroBatch(f, b, rc, tf, tb, nl, blk, tpc.ar_f, wait)
         if worst is None or f + b + rc + tf + tb > worst.f + worst.b + worst.rc + worst.tf + worst.tb:
             worst = cand
     return worst  # type: ignore[return-value]
 
 
+@dataclasses.dataclass(frozen=True)
+class TPCollectives:
+    """Tensor-parallel collectives of one micro-batch (:func:`_tp_collectives`): seconds of
+    one of a block's activation all-reduces (or, under sp, all-gather + reduce-scatter
+    pairs) forward ``ar_f`` and backward ``ar_b``, and of the embedding's (first rank,
+    forward) and the output layer's input gradient's (last rank, backward) ``ar_end``; how
+    many a block runs forward ``n_f`` and backward ``n_b``, ``n_rc`` of the latter its
+    recomputed forward's; the output layer's forward count ``n_out_f`` and time ``out_f``."""
+
+    ar_f: float
+    ar_b: float
+    ar_end: float
+    n_f: int
+    n_b: int
+    n_rc: int
+    n_out_f: int
+    out_f: float
+
+
 def _tp_collectives(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, tokens: int,
-                    tp_grad_per_linear: bool, expert_tp: bool = False
-                    ) -> tuple[float, int, int, int, float]:
-    """Tensor-parallel collectives of one micro-batch: the activation all-reduce's time,
-    how many a block runs forward and backward, and the output layer's forward count and
-    time (its backward adds one all-reduce). ``expert_tp``: a MoE block's MLP has no
-    all-reduce (or sequence-parallel gather and reduce-scatter) of its own; its experts'
-    tp collectives are the dispatcher's, priced with the all-to-alls (:func:`_ep_time`)."""
+                    tp_grad_per_linear: bool, expert_tp: bool = False,
+                    elementwise: str = "fused") -> TPCollectives:
+    """Tensor-parallel collectives of one micro-batch (:class:`TPCollectives`).
+    ``expert_tp``: a MoE block's MLP has no all-reduce (or sequence-parallel gather and
+    reduce-scatter) of its own; its experts' tp collectives are the dispatcher's, priced
+    with the all-to-alls (:func:`_ep_time`). ``elementwise`` ``autocast`` (ptd's runtime:
+    fp32 weights under autocast in a 16-bit dtype): the residual stream, the norms' outputs
+    and the embedding's output stay fp32, so the collectives on them and on their gradients
+    move 4 bytes an element -- without sp the column-parallel layers' input-gradient
+    all-reduces (backward), with sp the all-gathers before those layers (forward) and their
+    gradients' reduce-scatters (backward) -- while the row-parallel outputs and their
+    gradients move the 16-bit dtype (two ranks of the runtime,
+    tests/test_tp_collective_dtypes.py). An all-gather and a reduce-scatter of ``e`` and
+    ``e'`` bytes an element are priced as one all-reduce of their mean."""
     hw = _net(cluster, plan, "tp")
     tp_n, tp_nodes, tp_per = _group(plan, cluster, "tp")
-    act = DTYPE_BYTES[plan.dtype] * tokens * model.hidden
+    ab = DTYPE_BYTES[plan.dtype]
+    wide = 4 if (elementwise == "autocast" and ab < 4) else ab
     # ptd's tp layers issue each collective through DTensor: its redistribution and the
     # functional collective's out-of-place copy add to the call (calibrated on CPUs,
     # ``dtensor_reduce_measured``; 0 elsewhere). With sequence parallelism an all-reduce's
     # place is taken by a reduce-scatter and an all-gather, each charged as a reduction
     # writing what it writes (act / tp, act).
     dt = cluster.dtensor_reduce if tp_n > 1 else (lambda _: 0.0)
-    ar = _coll("all_reduce", act, tp_n, hw, tp_nodes, tp_per) \
-        + (dt(act / tp_n) + dt(act) if plan.sp else dt(act))
+
+    def ar(elt_bytes: float) -> float:
+        act = elt_bytes * tokens * model.hidden
+        return _coll("all_reduce", act, tp_n, hw, tp_nodes, tp_per) \
+            + (dt(act / tp_n) + dt(act) if plan.sp else dt(act))
+    mixed = ar((wide + ab) / 2)
+    ar_f, ar_b = (mixed, mixed) if plan.sp else (ar(ab), ar(wide))
+    ar_end = ar(wide)
     if tp_grad_per_linear and not plan.sp:
         col = 3 + (2 if model.mlp == "swiglu" else 1)  # wq, wk, wv; w1 (and w3)
     else:
         col = 2
-    n_block_f, n_block_b = 2, col + (2 if plan.recompute == "full" else 0)
+    n_rc = 2 if plan.recompute == "full" else 0
+    n_block_f, n_block_b = 2, col + n_rc
     if expert_tp and model.is_moe:  # (Megatron runs MoE with tp only under sp: col 2)
-        n_block_f, n_block_b = 1, col - 1 + (1 if plan.recompute == "full" else 0)
+        n_rc //= 2
+        n_block_f, n_block_b = 1, col - 1 + n_rc
     # vocabulary-parallel embedding output (first rank); on the last rank the sequence-
     # parallel gather before the output layer, loss_parallel's cross-entropy (max, sum of
     # exponentials, target logit: fp32 per token) and the output layer's input gradient
     loss_ar = _coll("all_reduce", 4 * tokens, tp_n, hw, tp_nodes, tp_per) + dt(4 * tokens)
     n_out_f = (1 if plan.sp else 0) + 3
-    tp_out_f = (ar if plan.sp else 0.0) + 3 * loss_ar
-    return ar, n_block_f, n_block_b, n_out_f, tp_out_f
+    tp_out_f = (ar_end if plan.sp else 0.0) + 3 * loss_ar
+    return TPCollectives(ar_f, ar_b, ar_end, n_block_f, n_block_b, n_rc, n_out_f, tp_out_f)
 
 
 def pipeline(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: MicroBatch,

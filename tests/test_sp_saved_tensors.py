@@ -75,10 +75,16 @@ def test_sequence_parallel_block_keeps_the_gathered_inputs(autocast, tmp_path):
     procs = [ctx.Process(target=_worker, args=(r, str(tmp_path / "store"), autocast, q))
              for r in range(TP)]
     for p in procs:
+        p.daemon = True  # a hung rank dies with the test
         p.start()
-    for p in procs:
-        p.join(90)
-        assert p.exitcode == 0
+    try:
+        for p in procs:
+            p.join(90)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
     results = dict(q.get() for _ in range(TP))
     assert results[0] == results[1]
     got = {r: v[0] for r, v in results.items()}
@@ -120,3 +126,60 @@ def test_sequence_parallel_block_keeps_the_gathered_inputs(autocast, tmp_path):
     norm_input = 4 * 256 * shard
     assert output_activation_bytes(spec, S, B, TP, True, ab, fused_norm=False, autocast=autocast,
                                    sp_gathered=True) - logprobs - norm_input == want_head
+
+
+def test_each_stack_counts_its_sequence_parallel_inputs_through_estimate():
+    # one stage of 2 blocks, tp 4 with sp, bf16, micro-batch 2 x 128 tokens, h 256: the
+    # estimate's activations with the gathered inputs less those with the shards, by hand:
+    # (1 - 1/4) of every such input -- per block 5 (ptd: each linear its bf16 cast) or 2
+    # (torchtitan: one for wq/wk/wv, one for w1/w3), and the output layer's one
+    from ptd.cost.estimate import CostOptions, estimate
+    from ptd.cost.stacks import stack_options
+    from ptd.specs import ClusterSpec, ModelSpec, load_hardware
+    from ptd.specs.plan import ParallelPlan
+    import dataclasses
+    model = ModelSpec(name="m", n_layers=2, hidden=256, n_heads=8, n_kv_heads=4, ffn_hidden=512,
+                      vocab_size=512, max_seq_len=128)
+    cl = ClusterSpec(load_hardware("h100-sxm"), 4, 8)
+    plan = ParallelPlan(dp=1, tp=4, sp=True, micro_batch=2, global_batch=2, seq_len=128,
+                        dtype="bf16")
+    sbh = 128 * 2 * 256
+    for opts, n_in in ((CostOptions(), 5), (stack_options("torchtitan"), 2)):
+        assert opts.sp_gathered
+        whole = estimate(model, cl, plan, options=opts).memory.activations
+        shard = estimate(model, cl, plan, options=dataclasses.replace(opts, sp_gathered=False)
+                         ).memory.activations
+        assert whole - shard == (2 * n_in + 1) * 2 * sbh * 3 / 4
+    for name in ("megatron-core", "megatron-2021", "deepspeed"):
+        assert not stack_options(name).sp_gathered
+    assert stack_options("ptd").sp_gathered
+
+
+def test_a_runs_predicted_memory_counts_the_gathered_inputs():
+    # what `ptd train` prints beside the measured peak (its runtime: DTensor's sp): in fp32,
+    # per block the two gathered inputs and the output layer's, (1 - 1/2) of each beyond
+    # Megatron's shard count; small: 4 blocks, micro-batch 4 x 128 tokens, h 256
+    from ptd.cost.memory import activation_bytes
+    from ptd.specs.plan import ParallelPlan
+    from ptd.summary.compare import predicted_rank_memory
+    spec = get_preset("small")
+    plan = ParallelPlan(tp=2, sp=True, micro_batch=4, global_batch=16, seq_len=128)
+    got = predicted_rank_memory(spec, plan, 0, 0)["activations"]
+    shard = activation_bytes(spec, plan, pp_rank=0, fused_norm=True, autocast=True)
+    sbh = 128 * 4 * 256
+    assert got - shard == (4 * 2 + 1) * 4 * sbh / 2
+
+
+def test_the_estimates_activation_line_counts_what_the_estimate_counts():
+    # `ptd estimate`'s "with selective recompute + sp it gives ..." figure is the estimate's
+    # own activation count of that plan (ptd's stack: the gathered inputs)
+    from ptd.commands.estimate import activation_figures
+    from ptd.cost.estimate import CostOptions, estimate
+    from ptd.specs import ClusterSpec, load_hardware
+    from ptd.specs.plan import ParallelPlan
+    spec = get_preset("small")
+    hw = load_hardware("h100-sxm")
+    plan = ParallelPlan(dp=1, tp=2, micro_batch=4, global_batch=4, seq_len=128, dtype="bf16")
+    got = activation_figures(spec, plan, CostOptions(), hw)["ptd_selective_bytes"]
+    sel = plan.replace(recompute="selective", sp=True)
+    assert got == estimate(spec, ClusterSpec(hw, 2, 8), sel, options=CostOptions()).memory.activations

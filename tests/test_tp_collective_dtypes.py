@@ -61,10 +61,16 @@ def test_a_bf16_blocks_collectives_move_what_the_cost_model_prices(sp, tmp_path,
     procs = [ctx.Process(target=_worker, args=(r, str(tmp_path / "store"), sp, q))
              for r in range(TP)]
     for p in procs:
+        p.daemon = True  # a hung rank dies with the test
         p.start()
-    for p in procs:
-        p.join(90)
-        assert p.exitcode == 0
+    try:
+        for p in procs:
+            p.join(90)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
     got = {}
     for _ in range(TP):
         rank, fwd, bwd = q.get()

@@ -285,3 +285,49 @@ def alone() -> Iterator[None]:
     finally:
         _flock("main", fcntl.LOCK_SH)  # back to the test's shared hold, still behind the gate
         _flock("gate", fcntl.LOCK_UN)
+
+
+# ----------------------------------------------------------------- ranks in one test
+
+
+def run_ranks(worker: Any, n: int, store_path: str, *args: Any, timeout: float = 90) -> dict:
+    """``worker(rank, store_path, *args, q)`` in ``n`` spawned processes (a gloo group can
+    meet at a ``FileStore`` on ``store_path``); each puts ``(rank, value)`` on ``q``. The
+    processes are daemons and are killed if one outlives ``timeout``, so a hung rank fails
+    the test rather than the run. Returns ``{rank: value}``; ``worker`` must be a module-level
+    function (spawn imports it)."""
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    procs = [ctx.Process(target=worker, args=(r, store_path, *args, q), daemon=True)
+             for r in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(timeout)
+            assert p.exitcode == 0, f"a rank exited with {p.exitcode}"
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    return dict(q.get() for _ in range(n))
+
+
+def small_tp_block_model(rank: int, store_path: str, tp: int, sp: bool) -> Any:
+    """In a rank of :func:`run_ranks`: join the gloo group of ``tp`` ranks at ``store_path``
+    and build ptd's ``small`` model split over it (``apply_tp``, sequence parallel if
+    ``sp``), materialised with seed 0. The caller destroys the group."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from ptd.runtime.model.init import materialize
+    from ptd.runtime.model.transformer import build_model
+    from ptd.runtime.parallel.tp import apply_tp
+    from ptd.specs.plan import ParallelPlan
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, tp), rank=rank,
+                            world_size=tp)
+    model = build_model(get_preset("small"), "meta")
+    apply_tp(model, init_device_mesh("cpu", (tp,)), ParallelPlan(tp=tp, sp=sp))
+    materialize(model, torch.device("cpu"), seed=0)
+    return model

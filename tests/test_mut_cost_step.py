@@ -106,21 +106,25 @@ def test_tp_collectives_fused_inputs_gelu_and_full_recompute(monkeypatch):
 
 # ------------------------------------------------------------------ micro-batch
 
-def test_micro_batch_tensor_parallel_times_by_hand(monkeypatch):
+# one rank, 4 blocks, first and last stage, full recompute; f = 4 x 3 + 7 = 19,
+# b = 4 x 5 + 11 = 31, rc = 4 x (3 - 0.5) = 10 (early stop). Collectives (forward pair,
+# backward pair, embedding / output-layer input gradient), 2 a block forward, 5 backward of
+# which 2 are the recomputed forward's, the output layer 3 forward in 0.75 s:
+#   equal, 0.25 each: tf = 4 x 2 x 0.25 + 0.25 + 0.75 = 3;  tb = 4 x 5 x 0.25 + 0.25 = 5.25
+#   0.25 / 0.5 / 1.0: tf = 4 x 2 x 0.25 + 1.0 + 0.75 = 3.75;
+#                     tb = 4 x (3 x 0.5 + 2 x 0.25) + 1.0 = 9.0
+@pytest.mark.parametrize("ars,tf,tb", [((0.25, 0.25, 0.25), 3.0, 5.25),
+                                       ((0.25, 0.5, 1.0), 3.75, 9.0)])
+def test_micro_batch_tensor_parallel_times_by_hand(monkeypatch, ars, tf, tb):
     blk = C.BlockTime(forward=3.0, backward=5.0, attention_forward=1.0, last_matmul_forward=0.5)
     monkeypatch.setattr(S, "_block_time", lambda *a, **k: blk)
     monkeypatch.setattr(S, "_output_time", lambda *a, **k: (7.0, 11.0))
-    # all-reduce 0.25 s; 2 per block forward, 5 backward; output layer 3 forward, 0.75 s
     monkeypatch.setattr(S, "_tp_collectives",
-                        lambda *a, **k: S.TPCollectives(0.25, 0.25, 0.25, 2, 5, 2, 3, 0.75))
+                        lambda *a, **k: S.TPCollectives(*ars, 2, 5, 2, 3, 0.75))
     plan = ParallelPlan(dp=1, tp=2, pp=1, micro_batch=1, global_batch=1, seq_len=8,
                         dtype="bf16", recompute="full")
     mb = S.micro_batch(LLAMA, plan, ClusterSpec(GPU, 2), "flash", True, True)
-    # one rank, 4 blocks, first and last stage:
-    #   f  = 4 x 3 + 7 = 19;  b = 4 x 5 + 11 = 31;  rc = 4 x (3 - 0.5) = 10 (early stop)
-    #   tf = 4 x 2 x 0.25 + 0.25 (embedding output) + 0.75 (output layer) = 3
-    #   tb = 4 x 5 x 0.25 + 0.25 (the output layer's input gradient) = 5.25
-    assert (mb.f, mb.b, mb.rc, mb.tf, mb.tb, mb.nl) == (19.0, 31.0, 10.0, 3.0, 5.25, 4)
+    assert (mb.f, mb.b, mb.rc, mb.tf, mb.tb, mb.nl) == (19.0, 31.0, 10.0, tf, tb, 4)
     assert (mb.ar, mb.wait) == (0.25, 0.0)
 
 
@@ -255,18 +259,3 @@ def test_tp_collectives_under_autocast_move_fp32_where_the_runtime_does(monkeypa
                             elementwise="autocast")
     assert t32.ar_f == t32.ar_b == t32.ar_end == 160.0
 
-
-def test_micro_batch_prices_each_tp_collective_at_its_own_time(monkeypatch):
-    blk = C.BlockTime(forward=3.0, backward=5.0, attention_forward=1.0, last_matmul_forward=0.5)
-    monkeypatch.setattr(S, "_block_time", lambda *a, **k: blk)
-    monkeypatch.setattr(S, "_output_time", lambda *a, **k: (7.0, 11.0))
-    # forward pairs 0.25 s, backward 0.5, the embedding's and the output layer's input
-    # gradient's 1.0; 2 a block forward, 5 backward of which 2 are the recomputed forward's
-    monkeypatch.setattr(S, "_tp_collectives",
-                        lambda *a, **k: S.TPCollectives(0.25, 0.5, 1.0, 2, 5, 2, 3, 0.75))
-    plan = ParallelPlan(dp=1, tp=2, pp=1, micro_batch=1, global_batch=1, seq_len=8,
-                        dtype="bf16", recompute="full")
-    mb = S.micro_batch(LLAMA, plan, ClusterSpec(GPU, 2), "flash", True, True)
-    #   tf = 4 x 2 x 0.25 + 1.0 (embedding output) + 0.75 (output layer) = 3.75
-    #   tb = 4 x (3 x 0.5 + 2 x 0.25) + 1.0 (the output layer's input gradient) = 9.0
-    assert (mb.tf, mb.tb, mb.ar) == (3.75, 9.0, 0.25)

@@ -10,25 +10,18 @@ import pytest
 from ptd.cost.memory import activation_bytes_per_layer, output_activation_bytes
 from ptd.specs import get_preset
 
+from helpers import run_ranks, small_tp_block_model
+
 S, B, TP = 64, 3, 2  # 192 tokens, 96 a rank's sequence shard
 
 
-def _saved_bytes(rank: int, store_path: str, autocast: bool, out: dict) -> None:
+def _saved_bytes(rank: int, store_path: str, autocast: bool, q) -> None:
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
-    from ptd.runtime.model.init import materialize
-    from ptd.runtime.model.transformer import build_model
-    from ptd.runtime.parallel.tp import apply_tp
-    from ptd.specs.plan import ParallelPlan
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, TP), rank=rank,
-                            world_size=TP)
+    model = small_tp_block_model(rank, store_path, TP, True)
     try:
-        spec = get_preset("small")
-        model = build_model(spec, "meta")
-        apply_tp(model, init_device_mesh("cpu", (TP,)), ParallelPlan(tp=TP, sp=True))
-        materialize(model, torch.device("cpu"), seed=0)
+        spec = model.spec
         # under sp the residual stream between blocks is the rank's local sequence shard
         x = torch.randn(B, S // TP, spec.hidden, requires_grad=True)
         local = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
@@ -55,37 +48,15 @@ def _saved_bytes(rank: int, store_path: str, autocast: bool, out: dict) -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 model.output(model.norm(x))
-        out[rank] = (block, sum(seen.values()))
+        q.put((rank, (block, sum(seen.values()))))
     finally:
         dist.destroy_process_group()
-
-
-def _worker(rank, store_path, autocast, q):
-    got: dict = {}
-    _saved_bytes(rank, store_path, autocast, got)
-    q.put((rank, got[rank]))
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("autocast", [False, True])
 def test_sequence_parallel_block_keeps_the_gathered_inputs(autocast, tmp_path):
-    import torch.multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_worker, args=(r, str(tmp_path / "store"), autocast, q))
-             for r in range(TP)]
-    for p in procs:
-        p.daemon = True  # a hung rank dies with the test
-        p.start()
-    try:
-        for p in procs:
-            p.join(90)
-            assert p.exitcode == 0
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-    results = dict(q.get() for _ in range(TP))
+    results = run_ranks(_saved_bytes, TP, str(tmp_path / "store"), autocast)
     assert results[0] == results[1]
     got = {r: v[0] for r, v in results.items()}
     head = results[0][1]

@@ -6,19 +6,15 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import run_ranks, small_tp_block_model
+
 TP = 2
 
 
 def _worker(rank: int, store_path: str, sp: bool, q) -> None:
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.utils._python_dispatch import TorchDispatchMode
-    from ptd.runtime.model.init import materialize
-    from ptd.runtime.model.transformer import build_model
-    from ptd.runtime.parallel.tp import apply_tp
-    from ptd.specs import get_preset
-    from ptd.specs.plan import ParallelPlan
 
     class Record(TorchDispatchMode):
         def __init__(self):
@@ -33,13 +29,9 @@ def _worker(rank: int, store_path: str, sp: bool, q) -> None:
                 self.calls.append((name.split(".")[1], str(t.dtype).replace("torch.", "")))
             return func(*args, **(kwargs or {}))
 
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, TP), rank=rank,
-                            world_size=TP)
+    model = small_tp_block_model(rank, store_path, TP, sp)
     try:
-        spec = get_preset("small")
-        model = build_model(spec, "meta")
-        apply_tp(model, init_device_mesh("cpu", (TP,)), ParallelPlan(tp=TP, sp=sp))
-        materialize(model, torch.device("cpu"), seed=0)
+        spec = model.spec
         x = torch.randn(3, 64 // TP if sp else 64, spec.hidden, requires_grad=True)
         rec = Record()
         with rec:
@@ -47,7 +39,7 @@ def _worker(rank: int, store_path: str, sp: bool, q) -> None:
                 y = model.layers["0"](x, (model.rope_cos, model.rope_sin))
             n_fwd = len(rec.calls)
             y.float().sum().backward()
-        q.put((rank, rec.calls[:n_fwd], rec.calls[n_fwd:]))
+        q.put((rank, (rec.calls[:n_fwd], rec.calls[n_fwd:])))
     finally:
         dist.destroy_process_group()
 
@@ -55,26 +47,8 @@ def _worker(rank: int, store_path: str, sp: bool, q) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sp", [False, True])
 def test_a_bf16_blocks_collectives_move_what_the_cost_model_prices(sp, tmp_path, monkeypatch):
-    import torch.multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_worker, args=(r, str(tmp_path / "store"), sp, q))
-             for r in range(TP)]
-    for p in procs:
-        p.daemon = True  # a hung rank dies with the test
-        p.start()
-    try:
-        for p in procs:
-            p.join(90)
-            assert p.exitcode == 0
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-    got = {}
-    for _ in range(TP):
-        rank, fwd, bwd = q.get()
-        got[rank] = (sorted(fwd), sorted(bwd))
+    runs = run_ranks(_worker, TP, str(tmp_path / "store"), sp)
+    got = {rank: (sorted(fwd), sorted(bwd)) for rank, (fwd, bwd) in runs.items()}
     assert got[0] == got[1]
     fwd, bwd = got[0]
     if sp:

@@ -63,10 +63,11 @@ def test_block_time_flash_backward_memory_bound():
     assert bt.backward == pytest.approx(0.425984, rel=1e-9)
 
 
-def test_a_one_column_product_is_still_a_kernel_and_an_empty_one_is_not():
+def test_a_one_column_or_one_row_product_is_still_a_kernel_and_an_empty_one_is_not():
     # On a GPU's shape model a product pays its launch. One output column (a matrix-vector
-    # product) is still a kernel: shape-model time plus the launch, at least its bytes'
-    # time plus the launch. No columns at all launches nothing: its bytes alone.
+    # product) or one row (one token) is still a kernel: shape-model time plus the launch,
+    # at least its bytes' time plus the launch. No columns at all launches nothing: its
+    # bytes alone.
     from ptd.cost.compute import Gemm, gemm_time
     from ptd.specs import load_hardware
     hw = load_hardware("h100-sxm")
@@ -74,5 +75,7 @@ def test_a_one_column_product_is_still_a_kernel_and_an_empty_one_is_not():
     rate, bw = hw.peak("bf16"), hw.effective_memory_bandwidth
     one = gemm_time(Gemm(4096, 1, 4096), rate, bw, 2, hw, "bf16")
     assert one >= 2 * (4096 * 4096 + 4096 + 4096) / bw + hw.kernel_launch
+    row = gemm_time(Gemm(1, 4096, 4096), rate, bw, 2, hw, "bf16")  # one token
+    assert row >= 2 * (4096 * 4096 + 4096 + 4096) / bw + hw.kernel_launch
     empty = gemm_time(Gemm(4096, 0, 4096), rate, bw, 2, hw, "bf16")
     assert empty == 2 * 4096 * 4096 / bw

@@ -299,8 +299,8 @@ def run_ranks(worker: Any, n: int, store_path: str, *args: Any, timeout: float =
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
-    procs = [ctx.Process(target=worker, args=(r, store_path, *args, q), daemon=True)
-             for r in range(n)]
+    procs = [ctx.Process(target=_rank_entry, args=(worker, r, store_path, *args, q),
+                         daemon=True) for r in range(n)]
     for p in procs:
         p.start()
     try:
@@ -312,6 +312,16 @@ def run_ranks(worker: Any, n: int, store_path: str, *args: Any, timeout: float =
             if p.is_alive():
                 p.kill()
     return dict(q.get() for _ in range(n))
+
+
+def _rank_entry(worker: Any, *args: Any) -> None:
+    """A rank of :func:`run_ranks`: the worker, then out without C++ static destructors --
+    in torch 2.13 on CPU a thread left joinable can abort the exit ("terminate called
+    without an active exception", as ``ptd.runtime.worker`` notes) after the work is done."""
+    worker(*args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def small_tp_block_model(rank: int, store_path: str, tp: int, sp: bool) -> Any:

@@ -66,15 +66,17 @@ def test_estimate_prices_a_mode_beside_the_1d_plan(ptd_cli) -> None:
     mode = d.pop("tp_mode")
     assert d == plain  # the plan ptd trains (1d) is priced as before
     st = plain["step_time_s"]
-    # 70B on pp 2: 40 blocks on the busiest rank; 512 sequences / (dp 4 * micro-batch 1)
-    blocks = 40 * 128
+    # 70B on pp 2: 40 blocks on the busiest rank, one pass of them per micro-batch: 512
+    # sequences over dp 4 and the chosen micro-batch
+    blocks = 40 * 512 // (4 * plain["plan"]["micro_batch"])
     assert mode["tp_comm_s"] == pytest.approx(blocks * mode["comm_per_block_s"])
     assert mode["step_time_s"] == pytest.approx(st["total"] - st["tp_comm"] + mode["tp_comm_s"])
     assert mode["priced_only"] is True and mode["q"] == 2
     # the table's own row for one block of the same model, tp 8, 3d
     from ptd.bench.tp_table import tp_modes_table
     from ptd.specs import get_preset, load_hardware
-    row = [r for r in tp_modes_table(get_preset("llama3-70b"), load_hardware("h100-sxm"), 8192,
+    tokens = 8192 * plain["plan"]["micro_batch"]  # a micro-batch's
+    row = [r for r in tp_modes_table(get_preset("llama3-70b"), load_hardware("h100-sxm"), tokens,
                                      8, (8,)) if r["mode"] == "3d"][0]
     assert mode["comm_per_block_s"] == pytest.approx(row["comm_per_block_s"])
 
@@ -122,9 +124,11 @@ def _estimate_of(desc: str, model, cl):  # noqa: ANN001
     from ptd.specs import ParallelPlan
     g = {k: int(v) for k, v in re.findall(r"\b(dp|tp|pp|vpp|zero|mb|gb)(\d+)", desc)}
     sched = next((s for s in ("interleaved-1f1b", "zero-bubble", "gpipe") if s in desc), "1f1b")
+    rc = re.search(r"\brc-(full|selective)\b", desc)
     p = ParallelPlan(dp=g["dp"], tp=g["tp"], pp=g["pp"], vpp=g.get("vpp", 1), zero=g["zero"],
                      sp=" sp " in f" {desc} ", micro_batch=g["mb"], global_batch=g["gb"],
-                     seq_len=4096, schedule=sched, dtype="bf16", uneven_stages="uneven" in desc)
+                     seq_len=4096, schedule=sched, dtype="bf16", uneven_stages="uneven" in desc,
+                     recompute=rc.group(1) if rc else "none")
     return estimate(model, cl, p)
 
 

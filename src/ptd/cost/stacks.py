@@ -79,7 +79,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           "pp, cp or ep > 1 and no ZeRO the gradients are all-reduced after the backward "
           "(runtime/parallel/ddp.py GradAllReduce: DDP holds no DTensors); under sequence "
           "parallelism each column-parallel layer keeps the all-gathered sequence "
-          "(runtime/parallel/tp.py; tests/test_cost_vs_runtime.py counts it).",
+          "(runtime/parallel/tp.py; tests/test_sp_saved_tensors.py counts it on two ranks).",
           elementwise="autocast", dp_overlap_model_parallel=False, fsdp_copy_out=True,
           sp_gathered=True),
     Stack("megatron-2021", "scores", False, False, False, ("1f1b", "interleaved-1f1b"),

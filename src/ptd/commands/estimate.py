@@ -294,7 +294,7 @@ def activation_figures(m, p, opts=None, hw=None) -> dict:
     sel = p.replace(recompute="selective", sp=p.tp > 1)
     ours = activation_bytes(m, sel, opts.attention, opts.gqa_expanded,
                             fused_norm=fused_norm(opts, hw) if hw is not None else True,
-                            autocast=autocast(opts), fused_swiglu=opts.fused_swiglu,
+                            autocast=autocast(opts, sel), fused_swiglu=opts.fused_swiglu,
                             expert_tp=opts.expert_tp, sp_gathered=opts.sp_gathered)
     fused = "fused" if opts.fused_swiglu and m.mlp == "swiglu" else "unfused"
     return {"used": "ptd", "ptd": f"tensor by tensor ({m.mlp} MLP {fused})",

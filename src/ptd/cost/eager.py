@@ -85,6 +85,17 @@ product and its gradient's reduction 4+4, the cast back's 2+4, the product's two
 gradients 8+12, mean's expand 4, pow's 12, the two paths summed 12, the first cast's 4+2."""
 
 
+def for_plan(kind: str, zero: int) -> str:
+    """The kind a plan runs: ptd's runtime runs ``torch.autocast`` only under ZeRO-0. Under
+    ZeRO-1/2/3 FSDP's ``MixedPrecisionPolicy(param_dtype=...)`` casts the parameters once, in
+    the all-gather, and the forward runs on the compute dtype without autocast
+    (``runtime/precision.py``: ``use_autocast`` is off with FSDP): the residual stream, the
+    norms and the linears' inputs are 16-bit, one tensor shared by the linears that read it
+    -- the ``eager`` kind (``tests/test_fsdp_mixed_precision_saves.py`` counts what such a
+    block keeps on two ranks)."""
+    return "eager" if kind == "autocast" and zero >= 1 else kind
+
+
 def _widths(model: ModelSpec, tp: int) -> tuple[float, float, float, int]:
     """(q, kv, F) per tp rank and the number of linear layers reading the second norm."""
     f = model.ffn_hidden * (model.n_shared_experts if model.is_moe else 1)

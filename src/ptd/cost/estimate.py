@@ -16,6 +16,7 @@ from ..errors import PtdError
 from ..specs.hardware import ClusterSpec, HardwareSpec
 from ..specs.model import ModelSpec
 from ..specs.plan import ParallelPlan
+from . import eager as EAGER
 from . import metrics
 from .flops import FlopsPerToken, flops_per_token
 from .memory import AttentionKind, Convention, MemoryBreakdown, memory
@@ -90,7 +91,8 @@ class CostOptions:
     """Memory-bound operators (:mod:`ptd.cost.eager`): ``fused``, the fewest passes (fused
     kernels: Megatron-LM, Transformer Engine); ``eager``, one pass per PyTorch operator in
     the compute dtype (torchtitan); ``autocast``, eager with fp32 weights under autocast,
-    casts included (ptd's runtime)."""
+    casts included (ptd's runtime with ZeRO-0; with ZeRO-1/2/3 it runs ``eager``:
+    :func:`ptd.cost.eager.for_plan`)."""
     ps_servers: int = 0
     """0: data-parallel gradients by collectives; S > 0: pushed to and pulled from S
     synchronous parameter servers (:mod:`ptd.cost.ps`; ZeRO 0/1 only)."""
@@ -183,7 +185,7 @@ def plan_memory(model: ModelSpec, plan: ParallelPlan, hardware: HardwareSpec,
     """:func:`ptd.cost.memory.memory` of ``plan`` on ``hardware`` under ``options`` (the
     one place the options map onto the memory count: estimate and the planner share it)."""
     return memory(model, plan, hardware.usable_memory, options.convention, options.attention,
-                  options.gqa_expanded, fused_norm(options, hardware), autocast(options),
+                  options.gqa_expanded, fused_norm(options, hardware), autocast(options, plan),
                   options.selective, options.fused_swiglu, options.expert_tp,
                   options.sp_gathered)
 
@@ -219,10 +221,12 @@ def dp_overlap(options: CostOptions, plan: ParallelPlan) -> bool:
     return options.dp_overlap
 
 
-def autocast(options: CostOptions) -> bool:
+def autocast(options: CostOptions, plan: ParallelPlan) -> bool:
     """Whether activations are those of fp32 weights under autocast (ptd's runtime, its
-    byte convention): see :func:`ptd.cost.memory.activation_bytes_per_layer`."""
-    return options.elementwise == "autocast" and options.convention == "ptd"
+    byte convention, ZeRO-0 only: :func:`ptd.cost.eager.for_plan`): see
+    :func:`ptd.cost.memory.activation_bytes_per_layer`."""
+    return (EAGER.for_plan(options.elementwise, plan.zero) == "autocast"
+            and options.convention == "ptd")
 
 
 def fused_norm(options: CostOptions, hw: Any) -> bool:

@@ -228,7 +228,9 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     """Bytes one block keeps for its backward, for one micro-batch (see module docstring).
     ``fused_norm=False``: RMSNorm runs as PyTorch's composite ``rms_norm`` (what the CPU
     runs), which keeps the normalised input ``x * rsqrt(mean(x^2) + eps)`` for the weight's
-    gradient beside the norm's input and output: one more ``a_b s b h`` per norm.
+    gradient beside the norm's input: one more ``s b h`` per norm, and both in fp32 whatever
+    the input's dtype (torch 2.13 upcasts a 16-bit input and keeps the upcast, not the
+    input: ``tests/test_fsdp_mixed_precision_saves.py``).
     ``autocast``: fp32 weights under ``torch.autocast`` in a 16-bit ``act_bytes`` (ptd's
     runtime): the residual stream and the norms stay fp32 (4 bytes), and each linear layer
     keeps its own cast copy of its input (q, k and v three, the MLP's gate and up two), where
@@ -270,13 +272,17 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     nb = 4 if cast else ab  # the stream and the norms
     if recompute == "full":
         return nb * sbh / seq_div
+    # a composite RMSNorm (torch's rms_norm on a CPU) computes in fp32 whatever its input's
+    # dtype: from a 16-bit stream it keeps the fp32 upcast of its input, not the input
+    composite = not fused_norm and model.norm == "rmsnorm"
+    nn_ = 4 if composite else nb
     total = 0.0
-    total += 2 * nb * sbh / seq_div                       # two norm inputs
+    total += 2 * nn_ * sbh / seq_div                      # two norm inputs
     inputs = 3 + (2 if model.mlp == "swiglu" else 1) if cast else 2
     in_div = 1 if sp_gathered else seq_div  # (DTensor keeps the gathered sequence)
     total += inputs * ab * sbh / in_div                   # QKV input, MLP input (or each cast)
-    if not fused_norm and model.norm == "rmsnorm":
-        total += 2 * nb * sbh / seq_div                   # composite RMSNorm: x * rstd, twice
+    if composite:
+        total += 2 * nn_ * sbh / seq_div                  # composite RMSNorm: x * rstd, twice
     total += ab * s * b * (q + 2 * kv) / t                # Q, K, V
     total += ab * s * b * q / t                           # attention-output input
     total += (2 if model.mlp == "gelu" else 3 if fused_swiglu else 4) * ab * s * b * f / t
@@ -348,11 +354,13 @@ def output_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp
     """What the final norm, output layer and cross-entropy keep: the norm input and output
     layer input (``a_b s b h`` each, /t with sp -- the output layer's whole under
     ``sp_gathered``, :func:`activation_bytes_per_layer`; a composite RMSNorm also its
-    normalised input; under ``autocast`` the norm's tensors fp32) and the fp32
+    normalised input, both fp32 whatever the input's dtype; under ``autocast`` the norm's
+    tensors fp32) and the fp32
     log-probabilities (``4 s b V / t``, V padded) that the loss's backward needs."""
     sbh = seq_len * micro_batch * model.hidden
-    nb = 4 if (autocast and act_bytes < 4) else act_bytes
-    norm = 2 if (not fused_norm and model.norm == "rmsnorm") else 1
+    composite = not fused_norm and model.norm == "rmsnorm"
+    nb = 4 if ((autocast and act_bytes < 4) or composite) else act_bytes  # (composite: fp32)
+    norm = 2 if composite else 1
     seq_div = tp if sp else 1
     return (norm * nb * sbh / seq_div + act_bytes * sbh / (1 if sp_gathered else seq_div)
             + 4 * seq_len * micro_batch * model.padded_vocab(tp) / tp)

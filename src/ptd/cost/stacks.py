@@ -37,7 +37,8 @@ class Stack:
     per block, prefetched; ``param-sync``, one per tensor, synchronous, again in recompute."""
     elementwise: str = "fused"
     """Memory-bound operators (:mod:`ptd.cost.eager`): ``fused`` kernels, ``eager`` PyTorch
-    operators in the compute dtype, or ``autocast`` (eager, fp32 weights under autocast)."""
+    operators in the compute dtype, or ``autocast`` (eager, fp32 weights under autocast;
+    ptd's runtime, whose ZeRO-1/2/3 runs are ``eager``: :func:`ptd.cost.eager.for_plan`)."""
     dp_overlap_model_parallel: bool = True
     """Zero-0 gradient reduction overlaps the backward with tp, pp, cp or ep > 1 as well
     (:class:`ptd.cost.estimate.CostOptions`)."""
@@ -74,7 +75,10 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("ptd", "flash", True, True, True, ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe"),
           "ptd's runtime: PyTorch SDPA, DDP bucketed all-reduce and FSDP2 reduce-scatter "
           "during backward, torch.utils.checkpoint(use_reentrant=False), DTensor tensor "
-          "parallelism (src/ptd/runtime); fp32 weights under torch.autocast, its norms, "
+          "parallelism (src/ptd/runtime); in 16-bit, fp32 weights under torch.autocast "
+          "with ZeRO-0 and FSDP's MixedPrecisionPolicy (16-bit parameters and "
+          "activations, no autocast) with ZeRO-1/2/3 (runtime/precision.py; "
+          "tests/test_fsdp_mixed_precision_saves.py); its norms, "
           "rotary embedding, activation and loss as eager PyTorch operators; with tp, "
           "pp, cp or ep > 1 and no ZeRO the gradients are all-reduced after the backward "
           "(runtime/parallel/ddp.py GradAllReduce: DDP holds no DTensors); under sequence "

@@ -43,6 +43,7 @@ from . import compute as C
 from . import moe as MOE
 from . import context as CX
 from . import dp as DP
+from . import eager as E
 from . import params as P
 from .comm import collective_time
 from .memo import memo
@@ -213,6 +214,7 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     (Megatron-LM's fused QKV and MLP input). ``expert_tp``: routed experts split over tp,
     their tokens gathered over it (Megatron-Core; :mod:`ptd.cost.moe`)."""
     m = plan.n_microbatches
+    elementwise = E.for_plan(elementwise, plan.zero)  # autocast under ZeRO-0 only
     mbt = micro_batch(model, plan, cluster, attention, recompute_early_stop, tp_grad_per_linear,
                       elementwise, selective, expert_tp)
     cpt = CX.cp_terms(model, plan, cluster, mbt.nl)  # context parallel: whole-sequence attention

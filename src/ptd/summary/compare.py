@@ -67,9 +67,10 @@ def predicted_rank_memory(model: Any, plan: Any, pp_rank: int, dp_rank: int,
     d = {"params": e.params * pb, "grads": e.grads * gb, "optimizer": e.optimizer * ob}
     d["total"] = d["params"] + d["grads"] + d["optimizer"]
     fused = fused_norm(CostOptions(), hardware) if hardware is not None else True
-    # ptd's runtime: fp32 weights under autocast in bf16/fp16
+    # ptd's runtime: fp32 weights under autocast in bf16/fp16 with ZeRO-0; under ZeRO-1/2/3
+    # FSDP casts the parameters and the forward runs in the compute dtype (cost.eager.for_plan)
     d["activations"] = activation_bytes(model, plan, pp_rank=pp_rank, fused_norm=fused,
-                                        autocast=True, sp_gathered=True)
+                                        autocast=plan.zero == 0, sp_gathered=True)
     ab = DTYPE_BYTES[plan.dtype]
     if ab < 4 and plan.zero == 0:  # autocast's weight copies lie under the measured peak
         d["activations"] += ab * autocast_weight_copies(model, plan, pp_rank)

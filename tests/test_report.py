@@ -380,3 +380,20 @@ def test_a_profiled_step_much_longer_than_the_clean_ones_is_flagged(profiled, no
     else:
         assert flagged == [f"ptd: the profiled step took {note} the clean steps: its parts above "
                            "carry the profiler's own cost; the step time is the clean steps'"]
+
+
+@pytest.mark.parametrize("zero", [0, 1, 3])
+def test_a_zero_runs_activation_line_says_what_the_peak_also_holds(zero):
+    # under ZeRO the tracked peak also holds FSDP's gathers and unreduced gradients, the
+    # estimate's buffers: the table says so beside them (here 24,659,968 B = 23.52 MiB)
+    from ptd.summary.compare import comparison_table
+    s = summary()
+    s["prediction"]["estimate"] = {"plan": {**s["plan"], "zero": zero},
+                                   "memory_per_device_bytes": {"buffers": 24659968.0}}
+    noted = [ln for ln in comparison_table(s).splitlines() if "under ZeRO" in ln]
+    if zero == 0:
+        assert noted == []
+    else:
+        assert noted == ["ptd: under ZeRO the measured activation peak also holds FSDP's "
+                         "gathered parameters and unreduced gradients, which the prediction "
+                         "counts apart as buffers (23.52 MiB on the most loaded rank)"]

@@ -299,6 +299,14 @@ def comparison_table(s: dict[str, Any]) -> str:
     if mm:
         lines.append("ptd: model states equal the prediction on every rank: "
                      + ("yes" if mm.get("model_states_equal_per_rank") else "NO"))
+    est = s["prediction"].get("estimate", {})
+    if mm and pm and est.get("plan", {}).get("zero", 0) >= 1:
+        # the tracker follows every storage the step creates; FSDP's gathers and unreduced
+        # gradients are among them, the cost model's buffers (docs/measuring.md)
+        buffers = est.get("memory_per_device_bytes", {}).get("buffers")
+        lines.append("ptd: under ZeRO the measured activation peak also holds FSDP's gathered "
+                     "parameters and unreduced gradients, which the prediction counts apart as "
+                     f"buffers ({gib(buffers, 4) if buffers else '-'} on the most loaded rank)")
     ce = m.get("comm_exposed_s")
     if ce is not None:
         tot = m.get("comm_total_s", {})

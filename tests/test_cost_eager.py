@@ -117,16 +117,27 @@ def test_rms_norm_run_as_operators_by_hand():
     # F.rms_norm without a fused kernel, per element of the fp32 stream (r = 4 under
     # autocast): forward pow 2, mean 1, two products 2 + 2 = 7 passes against the fused
     # kernel's 2; backward 3 + 2 + 1 (weight product), 3 + 2 + 1 (rsqrt product), 1 (mean),
-    # 2 + 2 + 3 (pow), 3 (the paths' sum) = 23 against 5
-    for kind in ("autocast", "eager"):
-        r = 4 if kind == "autocast" else 2
+    # 2 + 2 + 3 (pow), 3 (the paths' sum) = 23 against 5. The passes are fp32 whatever the
+    # stream: a bf16 stream (eager) adds the input's cast up (2 + 4) and the output's down
+    # (4 + 2), and in the backward the gradients' the same way: 7 x 4 + 12 = 40 bytes an
+    # element forward against the fused kernel's 2 x 2, 23 x 4 + 12 = 104 against 5 x 2
+    for kind, (fused_f, fused_b, comp_f, comp_b) in (("autocast", (8, 20, 28, 92)),
+                                                     ("eager", (4, 10, 40, 104))):
         f0, b0 = E.block_bytes(TINY, 10, 1, False, "bf16", kind)
         f1, b1 = E.block_bytes(TINY, 10, 1, False, "bf16", kind, composite_norm=True)
-        assert f1 - f0 == 10 * 2 * (7 - 2) * r * 4   # two norms, hidden 4, 10 tokens
-        assert b1 - b0 == 10 * 2 * (23 - 5) * r * 4
+        assert f1 - f0 == 10 * 2 * (comp_f - fused_f) * 4   # two norms, hidden 4, 10 tokens
+        assert b1 - b0 == 10 * 2 * (comp_b - fused_b) * 4
         of0, ob0 = E.output_bytes(TINY, 10, 1, "bf16", kind)
         of1, ob1 = E.output_bytes(TINY, 10, 1, "bf16", kind, composite_norm=True)
-        assert (of1 - of0, ob1 - ob0) == (10 * 5 * r * 4, 10 * 18 * r * 4)  # the final norm
+        assert (of1 - of0, ob1 - ob0) == (10 * (comp_f - fused_f) * 4,
+                                          10 * (comp_b - fused_b) * 4)  # the final norm
+    # the casts are cast kernels (their own share of the bandwidth on a GPU), the fp32
+    # passes elementwise ones: 10 tokens x 4 wide x 2 norms x (2 + 4) each way
+    p = E.block_passes(TINY, 10, 1, False, "bf16", "eager", composite_norm=True)
+    p0 = E.block_passes(TINY, 10, 1, False, "bf16", "eager")
+    assert p["cast_up"][0] - p0.get("cast_up", [0, 0])[0] == 10 * 4 * 2 * 6
+    assert p["cast_down"][1] - p0.get("cast_down", [0, 0])[1] == 10 * 4 * 2 * 6
+    assert p["elementwise"][0] - p0["elementwise"][0] == 10 * 4 * 2 * 28
     # LayerNorm has its own kernel on a CPU; the Llama reference counts its norm already
     ln = ModelSpec(name="ln", n_layers=1, hidden=4, n_heads=2, n_kv_heads=2, ffn_hidden=8,
                    vocab_size=128, max_seq_len=16, norm="layernorm", mlp="gelu",

@@ -171,11 +171,14 @@ def test_block_activations_equal_the_saved_tensors_under_autocast(autocast):
         assert got == 192 * per_token
 
 
-def test_rms_norm_operators_move_the_bytes_the_count_prices():
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_rms_norm_operators_move_the_bytes_the_count_prices(dtype):
     """``F.rms_norm`` on this CPU runs as operators; the bytes they dispatch (inputs and
     outputs of every operator that is not a view, expanded inputs at their storage's size),
-    per element of the stream, are ``ptd.cost.eager.COMPOSITE_RMSNORM`` passes up to the
-    per-row and per-channel tensors (1/h and 1/T of a pass each)."""
+    per element of the stream, are what ``ptd.cost.eager`` prices for one norm: in fp32
+    ``COMPOSITE_RMSNORM`` passes, up to the per-row and per-channel tensors (1/h and 1/T of a
+    pass each); from bf16 the same fp32 passes and four casts of 2 + 4 bytes (by hand: the
+    input up, the output down, the output's gradient up, the input's gradient down)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
@@ -195,15 +198,24 @@ def test_rms_norm_operators_move_the_bytes_the_count_prices():
             return out
 
     T, h = 4096, 256
-    x = torch.randn(T, h, requires_grad=True)
-    w = torch.ones(h, requires_grad=True)
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    x = torch.randn(T, h, dtype=torch_dtype, requires_grad=True)
+    w = torch.ones(h, dtype=torch_dtype, requires_grad=True)
     with Bytes() as fwd:
         y = torch.nn.functional.rms_norm(x, (h,), w, 1e-5)
     g = torch.randn_like(y)
     with Bytes() as bwd:
         y.backward(g)
-    passes = (fwd.total / (4 * T * h), bwd.total / (4 * T * h))
-    assert passes == pytest.approx(COMPOSITE_RMSNORM, abs=0.05)
+    per_elt = (fwd.total / (T * h), bwd.total / (T * h))
+    casts = 0 if dtype == "fp32" else 2 * (2 + 4)
+    assert per_elt == pytest.approx((4 * 7 + casts, 4 * 23 + casts), abs=0.2)
+    assert COMPOSITE_RMSNORM == (7, 23)
+    # the count prices exactly that, kernel by kernel
+    from ptd.cost.eager import _norm
+    from ptd.specs.model import load_model
+    priced = _norm(load_model("tiny"), "eager", True, 4 if dtype == "fp32" else 2)
+    assert (sum(v[0] for v in priced.values()), sum(v[1] for v in priced.values())) == \
+        pytest.approx(per_elt, abs=0.2)
 
 
 @pytest.mark.parametrize("variant", list(_VARIANTS))

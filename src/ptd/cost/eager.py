@@ -28,7 +28,8 @@ of them moves ``(a + b) n`` elements. Why each count (forward / backward), for o
 * norms, two per block: read and write the stream (2r); backward reads the gradient and the
   input for the input gradient and again for the weight gradient, writes one (5r). Where
   ``F.rms_norm`` has no fused kernel (a CPU, torch 2.13) it runs as operators, and autograd
-  runs theirs: :data:`COMPOSITE_RMSNORM` (``composite_norm``);
+  runs theirs: :data:`COMPOSITE_RMSNORM` passes in fp32 whatever the stream's dtype, a 16-bit
+  stream cast up on the way in and down on the way out, both ways (``composite_norm``);
 * residual adds, two: read the stream and the branch output, write the stream (2r + c); the
   backward hands the stream's gradient to the branch (a cast, r + c, under autocast) and sums
   the skip's gradient with the norm's (3r);
@@ -70,8 +71,10 @@ a CPU its exponential, not memory, bounds it: ``ptd calibrate`` measures its sha
 copy bandwidth on the machine (``HardwareSpec.eager_bandwidth_fraction``), which overrides
 this table."""
 COMPOSITE_RMSNORM = (7, 23)
-"""Passes over the stream (``r`` bytes each) of ``F.rms_norm`` run as operators, (forward,
-backward), per element. Forward: ``pow`` (read, write: 2), ``mean`` (read: 1), the products
+"""Passes over the stream of ``F.rms_norm`` run as operators, (forward, backward), per
+element, each of 4 bytes: the composite computes in fp32 (its ``opmath`` type) whatever its
+input's dtype, and a 16-bit input is cast up first and the output cast down last, as are the
+output's gradient and the input's in the backward (:func:`_norm`). Forward: ``pow`` (read, write: 2), ``mean`` (read: 1), the products
 with ``rsqrt`` and with the weight (2 + 2; the per-row ``add``/``rsqrt`` are negligible).
 Backward, as autograd runs them: the weight's product's two gradients, ``g * xn`` (3) and
 ``g * w`` (2), and the weight gradient's reduction (1); the ``rsqrt`` product's, ``gn * x``
@@ -110,11 +113,22 @@ def dtypes(dtype: str, kind: str) -> tuple[int, int]:
     return c, (4 if kind == "autocast" else c)
 
 
-def _norm(model: ModelSpec, kind: str, composite_norm: bool) -> tuple[str, float, float]:
-    """(kernel, forward passes, backward passes) of one norm over the stream."""
+def _norm(model: ModelSpec, kind: str, composite_norm: bool, r: int
+          ) -> dict[str, tuple[float, float]]:
+    """``{kernel: (forward, backward) bytes per element}`` of one norm over a stream of ``r``
+    bytes an element. A composite RMSNorm (:data:`COMPOSITE_RMSNORM`) works in fp32: from a
+    16-bit stream (``r < 4``) it adds the input's cast up and the output's cast down, and in
+    the backward the output gradient's cast up and the input gradient's down (r + 4 each:
+    torch 2.13's ``rms_norm`` on a CPU, tests/test_cost_vs_runtime.py)."""
     if composite_norm and model.norm == "rmsnorm" and kind != "llama-ref":
-        return "elementwise", *COMPOSITE_RMSNORM
-    return "norm", 2.0, 5.0
+        f, b = COMPOSITE_RMSNORM
+        w = max(r, 4)
+        out = {"elementwise": (f * w, b * w)}
+        if r < 4:
+            out["cast_up"] = (r + 4.0, r + 4.0)
+            out["cast_down"] = (4.0 + r, 4.0 + r)
+        return out
+    return {"norm": (2.0 * r, 5.0 * r)}
 
 
 def block_passes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str, kind: str,
@@ -143,8 +157,8 @@ def block_passes(model: ModelSpec, tokens: float, tp: int, sp: bool, dtype: str,
         a[0] += fwd * tokens
         a[1] += bwd * tokens
 
-    norm, nf, nb = _norm(model, kind, composite_norm)
-    put(norm, 2 * nf * r * hs, 2 * nb * r * hs)
+    for kernel, (nf, nb) in _norm(model, kind, composite_norm, r).items():
+        put(kernel, 2 * nf * hs, 2 * nb * hs)
     put(add, 2 * (2 * r + c) * hs, 2 * 3 * r * hs)  # residual adds; skip + norm gradients
     branches = 2 if ffn else 1
     put("cast_down", n_in * cast * h, branches * cast * hs)  # linear inputs; the branches' gradient
@@ -212,14 +226,14 @@ def output_passes(model: ModelSpec, tokens: float, tp: int, dtype: str, kind: st
     to32 = c + 4 if c != 4 else 0
     cast = r + c if r != c else 0
     t = tokens
-    norm, nf, nb = _norm(model, kind, composite_norm)
     out = {"cast_down": [cast * h * t + cast * v * h, to32 * v * t],
            "cast_up": [to32 * v * t, cast * h * t + cast * v * h],
            "softmax": [8 * v * t, 12 * v * t],
            "copy": [0.0, 4 * v * t]}
-    out.setdefault(norm, [0.0, 0.0])
-    out[norm][0] += nf * r * h * t
-    out[norm][1] += nb * r * h * t
+    for kernel, (nf, nb) in _norm(model, kind, composite_norm, r).items():
+        a = out.setdefault(kernel, [0.0, 0.0])
+        a[0] += nf * h * t
+        a[1] += nb * h * t
     return out
 
 

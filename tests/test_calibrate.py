@@ -291,6 +291,8 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
     # whole plain operator of that model (17x on this CPU, docs/calibration.md)
     assert all(hw.overheads_measured["dtensor_op"][n] > hw.op_overhead_measured[n]
                for n in (1, 2))
+    # how much slower the work runs on DTensors is left to a full calibration
+    assert "dtensor_compute_share" not in hw.overheads_measured
     # each parameter's share of the optimizer phase, beside the per-tensor one
     assert set(hw.overheads_measured["optimizer_param"]) == {1, 2}
     assert all(0 < v < 1e-6 for v in hw.overheads_measured["optimizer_param"].values())
@@ -586,3 +588,57 @@ def test_moe_layer_times_time_the_layer_at_each_token_count():
     assert [p[0] for p in pts] == list(MOE_TOKENS)
     assert all(f > 0 and b > 0 for _, f, b in pts)
     assert pts[-1][1] > pts[0][1] and pts[-1][2] > pts[0][2]
+
+
+def _fake_share_run(times):
+    """``model_dtensor_share`` on the tiny preset's architecture with its four timings (the
+    DTensor model then the plain one at 64 tokens, the same at 1024) taken from ``times``;
+    the models are built for real."""
+    import torch.distributed as dist
+
+    from ptd.runtime.calibrate import bench
+    from ptd.runtime.calibrate.workers import op_model
+    it, windows = iter(times), []
+
+    class FakeSync:
+        def time(self, fn, seconds, repeats):
+            windows.append(repeats)
+            return next(it)
+    made = not dist.is_initialized()
+    if made:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        got = bench.model_dtensor_share(op_model(), FakeSync(), 0.01, 3)
+    finally:
+        if made:
+            dist.destroy_process_group()
+    assert windows == [7, 7, 7, 7]  # at least seven windows each, whatever the stage's
+    return got
+
+
+def test_dtensor_share_is_the_extras_growth_over_the_works():
+    # tp's extra 30 - 20 = 10 ms at 64 tokens, 260 - 200 = 60 ms at 1024: 50 ms more, while
+    # the plain model's time grew 200 - 20 = 180 ms: the work runs 50 / 180 slower on DTensors
+    assert _fake_share_run([0.030, 0.020, 0.260, 0.200]) == pytest.approx(50 / 180, rel=1e-12)
+    # an extra that does not grow (noise) is no share, not a negative one; nor is one
+    # measured where the plain model did not grow
+    assert _fake_share_run([0.030, 0.020, 0.205, 0.200]) == 0.0
+    assert _fake_share_run([0.030, 0.020, 0.060, 0.020]) == 0.0
+
+
+def test_only_a_full_calibration_times_the_dtensor_share():
+    assert make_plan([1, 2], ["fp32"], False, "cpu")["dtensor_size"] is True
+    assert make_plan([1, 2], ["fp32"], True, "cpu")["dtensor_size"] is False
+
+
+def test_overheads_keep_a_share_as_measured():
+    """Seconds a call are kept at 1 ns at least (a stored 0 reads as not measured); a share
+    of the work is kept as measured, 0 where nothing grew."""
+    plan, results = _synthetic()
+    s = summarize(plan, results)
+    s["framework"] = {"dtensor_op": {1: 3e-5, 2: 0.0},
+                      "dtensor_compute_share": {1: 1.6e-10, 2: -0.02}}
+    table = profile_table(s, get_hardware_preset("cpu"), "synth", "cpu", 8 * 2**30, "test")
+    hw = hardware_from_dict(table, "synth")
+    assert hw.overheads_measured["dtensor_op"] == {1: 3e-5, 2: 1e-9}
+    assert hw.overheads_measured["dtensor_compute_share"] == {1: 1.6e-10, 2: 0.0}

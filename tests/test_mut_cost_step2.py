@@ -125,6 +125,50 @@ def test_micro_batch_dtensor_overhead_at_tp2():
     assert (dt.tf, dt.tb) == (base.tf, base.tb)  # the collectives are not operators
 
 
+# A tp rank's work runs slower on DTensors by a calibrated share (``dtensor_compute_share``,
+# ptd calibrate): the blocks' and the output layer's whole time, products, attention,
+# passes and plain operators alike, a quarter longer here, with the DTensor operators' fixed
+# cost (120 forward and 266 backward at 1 ms, above) added beside it, not scaled. The
+# collectives are not the rank's work; without tp nothing changes.
+def test_micro_batch_dtensor_share_slows_the_work_not_the_operators():
+    def hw(**over):
+        return ClusterSpec(GPU.replace(overheads_measured=over), 2)
+    plan = ParallelPlan(dp=1, tp=2, pp=1, micro_batch=2, global_batch=2, seq_len=8,
+                        dtype="bf16")
+    base = S.micro_batch(LLAMA, plan, ClusterSpec(GPU, 2), "flash", True, True)
+    both = S.micro_batch(LLAMA, plan, hw(dtensor_op={2: 1e-3},
+                                         dtensor_compute_share={2: 0.25}),
+                         "flash", True, True)
+    assert both.f == pytest.approx(1.25 * base.f + 120e-3, rel=1e-9)
+    assert both.b == pytest.approx(1.25 * base.b + 266e-3, rel=1e-9)
+    assert (both.tf, both.tb) == (base.tf, base.tb)
+    one = plan.replace(tp=1, dp=2, global_batch=4)
+    assert S.micro_batch(LLAMA, one, hw(dtensor_compute_share={2: 0.25}), "flash", True,
+                         True) == S.micro_batch(LLAMA, one, ClusterSpec(GPU, 2), "flash",
+                                                True, True)
+
+
+# The same share inside one block, for what recomputation reads from it: the forward and
+# backward (less their DTensor operators: LLAMA's block has 28 and 63 at 1 ms), the
+# attention's forward, the op policy's forward (the forward less attention and products,
+# plus the products it repeats: all of them the block's work) and the last product's
+# forward (less the plain operator cost beside it) are each a quarter longer; the
+# operators on DTensors are not. At tp 1 the share does nothing.
+def test_block_time_scales_every_part_of_the_work_by_the_share():
+    def blk(share, tp=2):
+        return C.block_time(LLAMA, GPU, 8, 2, tp, False, "bf16", 1e12, overhead=2e-6,
+                            dtensor_overhead=1e-3, dtensor_share=share, selective="op")
+    b0, b1 = blk(0.0), blk(0.25)
+    assert b1.forward - 28e-3 == pytest.approx(1.25 * (b0.forward - 28e-3), rel=1e-9)
+    assert b1.backward - 63e-3 == pytest.approx(1.25 * (b0.backward - 63e-3), rel=1e-9)
+    assert b1.attention_forward == pytest.approx(1.25 * b0.attention_forward, rel=1e-9)
+    assert b1.op_policy_forward - 28e-3 == \
+        pytest.approx(1.25 * (b0.op_policy_forward - 28e-3), rel=1e-9)
+    assert b1.last_matmul_forward - 2e-6 == \
+        pytest.approx(1.25 * (b0.last_matmul_forward - 2e-6), rel=1e-9)
+    assert blk(0.25, tp=1) == blk(0.0, tp=1)
+
+
 # ------------------------------------------------------------------ words
 
 # Catches: step.py:100 ``share = getattr(self, part) / self.total`` -> ``+`` (or any other

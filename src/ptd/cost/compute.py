@@ -465,10 +465,12 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
                bw: float | None = None, overhead: float | None = None,
                dtensor_overhead: float = 0.0, elementwise: str = "fused", ep: int = 1,
                moe_layer: tuple[float, float] | None = None,
-               selective: str = "attention", expert_tp: bool = False) -> BlockTime:
+               selective: str = "attention", expert_tp: bool = False,
+               dtensor_share: float = 0.0) -> BlockTime:
     """``rate``, ``bw`` and ``overhead``: one worker's matmul FLOP/s, memory bandwidth and
     per-operator cost with its node's workers running (default: the hardware's own);
     ``dtensor_overhead``: the extra cost of an operator on a DTensor (tp > 1);
+    ``dtensor_share``: how much slower the block's work runs on DTensors (tp > 1);
     ``elementwise``: ``fused`` prices the fewest passes of memory-bound operators
     (:func:`elementwise_bytes_fwd`, backward twice the forward), ``eager`` and ``autocast``
     the passes PyTorch runs op by op (:mod:`ptd.cost.eager`); ``ep``: expert parallelism
@@ -516,6 +518,8 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
         ops = (ops[0] - layer_ops[0], ops[1] - layer_ops[1])
     fwd = dispatch_floor(t_lin + t_attn + ew + ops[0] * overhead, ops[0], hw)
     bwd = dispatch_floor(2 * t_lin + t_attn_bwd + ew_b + ops[1] * overhead, ops[1], hw)
+    k = 1.0 + (dtensor_share if tp > 1 else 0.0)
+    t_lin, t_attn, fwd, bwd = k * t_lin, k * t_attn, k * fwd, k * bwd
     if tp > 1 and dtensor_overhead:
         (df, db), _ = tp_dtensor_ops(model, sp)
         fwd += df * dtensor_overhead
@@ -528,10 +532,11 @@ def block_time(model: ModelSpec, hw: HardwareSpec, seq_len: int, micro_batch: in
         routed = min(routed, moe_layer[0])  # type: ignore[index]
     down = full[-1]  # the block's last product (per expert for MoE)
     # the op policy: the forward less its attention and products, plus the products it repeats
-    again = sum(gemm_time(g, rate, bw, ab, hw, dtype) for g in recomputed_products(model, lin))
+    again = k * sum(gemm_time(g, rate, bw, ab, hw, dtype)
+                    for g in recomputed_products(model, lin))
     op_policy = max(0.0, fwd - t_attn - t_lin) + again
     return BlockTime(forward=fwd, backward=bwd, attention_forward=t_attn,
-                     last_matmul_forward=gemm_time(down, rate, bw, ab, hw, dtype) + overhead,
+                     last_matmul_forward=k * gemm_time(down, rate, bw, ab, hw, dtype) + overhead,
                      routed_forward=routed, selective=selective, op_policy_forward=op_policy)
 
 
@@ -554,9 +559,10 @@ def megatron_ce_bytes(act_bytes: int) -> tuple[int, int]:
 
 def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype: str,
                 rate: float, bw: float | None = None, overhead: float | None = None,
-                dtensor_overhead: float = 0.0, sp: bool = False, elementwise: str = "fused"
-                ) -> tuple[float, float]:
-    """(forward, backward) seconds of final norm, output layer and loss on the last stage.
+                dtensor_overhead: float = 0.0, sp: bool = False, elementwise: str = "fused",
+                dtensor_share: float = 0.0) -> tuple[float, float]:
+    """(forward, backward) seconds of final norm, output layer and loss on the last stage
+    (``dtensor_overhead``, ``dtensor_share``: as :func:`block_time`'s).
     The loss works in fp32 over the local vocabulary shard of ``N = s b V / t`` logits:
     with ``elementwise`` ``fused`` (the Megatron-LM family) as Megatron's vocab-parallel
     cross-entropy runs it (:func:`megatron_ce_bytes`), otherwise op by op
@@ -580,6 +586,8 @@ def output_time(model: ModelSpec, hw: HardwareSpec, tokens: int, tp: int, dtype:
                               bool(hw.sm_count), hw.eager_bandwidth_fraction)
     fwd = dispatch_floor(t_out + t_f + of * overhead, of, hw)
     bwd = dispatch_floor(2 * t_out + t_b + ob * overhead, ob, hw)
+    if tp > 1:
+        fwd, bwd = fwd * (1.0 + dtensor_share), bwd * (1.0 + dtensor_share)
     if tp > 1 and dtensor_overhead:
         _, (df, db) = tp_dtensor_ops(model, sp)
         fwd += df * dtensor_overhead

@@ -266,18 +266,22 @@ def micro_batch(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, atte
     s, mb = CX.local_seq(plan), plan.micro_batch  # s: this rank's tokens of a sequence
     tokens = s * mb
     bw, ovh = cluster.memory_bandwidth, cluster.op_overhead
+    # tp > 1: each operator on a DTensor costs a fixed part more, and the rank's operators
+    # run a share slower than on plain tensors (both calibrated on CPUs: ``dtensor_op``,
+    # ``dtensor_compute_share``; 0 elsewhere)
     dt_ovh = (cluster.overhead("dtensor_op") or 0.0) if plan.tp > 1 else 0.0
+    dt_share = (cluster.overhead("dtensor_compute_share") or 0.0) if plan.tp > 1 else 0.0
     # a MoE layer measured by ``ptd calibrate --model`` (CPUs): on the rank's tokens, all
     # of them on every tp rank (its router and experts are whole there)
     moe = (cluster.moe_layer(MOE.moe_layer_key(model, plan.dtype), tokens)
            if model.is_moe else None)
     blk = _block_time(model, hw, s, mb, plan.tp, plan.sp, plan.dtype, rate, attention, bw,
-                      ovh, dt_ovh, elementwise, plan.ep, moe, selective, expert_tp)
+                      ovh, dt_ovh, elementwise, plan.ep, moe, selective, expert_tp, dt_share)
     if plan.ep > 1 and model.is_moe:
         ef, eb, _ = ep_layer_overheads(cluster)
         blk = dataclasses.replace(blk, forward=blk.forward + ef, backward=blk.backward + eb)
     out_f, out_b = _output_time(model, hw, tokens, plan.tp, plan.dtype, rate, bw, ovh,
-                                dt_ovh, plan.sp, elementwise)
+                                dt_ovh, plan.sp, elementwise, dt_share)
     tpc = _tp_collectives(model, plan, cluster, tokens, tp_grad_per_linear, expert_tp,
                           elementwise)
     tp_n = plan.tp

@@ -194,14 +194,77 @@ def model_dtensor_cost(fields: dict, sync: Sync, T: float, rep: int) -> float:
     return max(0.0, extra) / max(1, c.dtensor)
 
 
+DTENSOR_SHARE_TOKENS = (64, 1024)
+"""Tokens of the two steps :func:`model_dtensor_share` times (one sequence each)."""
+DTENSOR_SHARE_WINDOWS = 7
+"""Windows of each of its timings, at least: the share is a few percent of the step."""
+
+
+def model_dtensor_share(fields: dict, sync: Sync, T: float, rep: int) -> float:
+    """How much slower a model's work runs on DTensors than on plain tensors, beyond
+    :func:`model_dtensor_cost`'s fixed cost an operator: ptd's model with ``fields``'
+    architecture at the ``small`` preset's widths (hidden 256, 8 heads, F 704, 2 layers,
+    vocabulary 256), whole (embedding, blocks, output layer with the loss), forward and
+    backward, with tensor parallelism on a one-rank mesh and without, at the two token
+    counts of :data:`DTENSOR_SHARE_TOKENS`: the growth of tp's extra time between them over
+    the growth of the plain model's time, not below 0. The operators on DTensors are the same
+    at both sizes, so their fixed cost cancels. Why a share of the work: on a 2-core EPYC
+    (2026-11-29, docs/measuring.md "Twenty-fourth session") the small model's extra grew
+    from 12 ms at 8 tokens to 37-54 at 2,048 (two plain models: -1 to +3 ms) with the same
+    391 operators, the profiler found no extra work on large tensors, and the products ran
+    slower in a tp step than in a plain one (the twenty-third session); so the work itself runs
+    slower, by a share the cost model applies to a tp rank's block and output layer (a tp 2
+    rank of the bench's small model: DTensor without its communication 32-39 ms above the
+    plain local shapes). Needs a process group."""
+    import contextlib
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import loss_parallel
+    from ...specs import ParallelPlan
+    from ...specs.model import ModelSpec
+    from ..model.init import materialize
+    from ..model.transformer import build_model, lm_loss_sum
+    from ..parallel.tp import apply_tp
+    small, large = DTENSOR_SHARE_TOKENS
+    kv = 8 if fields["n_kv_heads"] == fields["n_heads"] else 4
+    spec = ModelSpec(**{**fields, "name": f"{fields['name']}-share", "n_layers": 2,
+                        "hidden": 256, "n_heads": 8, "n_kv_heads": kv, "ffn_hidden": 704,
+                        "vocab_size": 256, "max_seq_len": large})
+
+    def build(tp: bool) -> torch.nn.Module:
+        model = build_model(spec, "meta")
+        if tp:
+            apply_tp(model, init_device_mesh("cpu", (1,)), ParallelPlan(tp=1, seq_len=large))
+        materialize(model, torch.device("cpu"), seed=0)
+        return model
+    plain, tp = build(False), build(True)
+    gen = torch.Generator().manual_seed(0)
+    windows = max(rep, DTENSOR_SHARE_WINDOWS)
+
+    def times(tokens: int) -> tuple[float, float]:
+        x = torch.randint(0, spec.vocab_size, (1, tokens), generator=gen)
+
+        def once(model: torch.nn.Module, ctx: Callable[[], Any]) -> None:
+            with ctx():
+                lm_loss_sum(model(x), x).backward()
+            for p in model.parameters():
+                p.grad = None
+        return (sync.time(lambda: once(tp, loss_parallel), T, windows),
+                sync.time(lambda: once(plain, contextlib.nullcontext), T, windows))
+    tp_s, plain_s = times(small)
+    tp_l, plain_l = times(large)
+    grown = plain_l - plain_s
+    return max(0.0, (tp_l - plain_l) - (tp_s - plain_s)) / grown if grown > 0 else 0.0
+
+
 def framework_overheads(sync: Sync, T: float, rep: int, n_tensors: int = 16,
-                        op_fields: dict | None = None) -> dict:
+                        op_fields: dict | None = None, size: bool = False) -> dict:
     """Seconds of framework overhead on a CPU (see ``HardwareSpec.overheads_measured``):
     an operator on a DTensor beyond a plain one (in ptd's own tensor-parallel model where
     ``op_fields`` name it: :func:`model_dtensor_cost`; else a 1-element add and an in-place
     product on a replicated DTensor), and one parameter tensor's and one parameter's share
     of the trainer's optimizer phase (global gradient norm, clipping, single-tensor AdamW)
-    on plain and on DTensor (``Shard(0)``) parameters. DTensors live on a one-rank mesh of a private process group
+    on plain and on DTensor (``Shard(0)``) parameters; with ``size`` and ``op_fields``,
+    how much slower a model's work runs on DTensors (:func:`model_dtensor_share`). DTensors live on a one-rank mesh of a private process group
     (made and destroyed here, before the collectives' group exists)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -238,6 +301,9 @@ def framework_overheads(sync: Sync, T: float, rep: int, n_tensors: int = 16,
         per_param = max(0.0, opt_time(lambda t: t, OPT_SIDE) - per_tensor) / OPT_SIDE**2
         dtensor_op = (model_dtensor_cost(op_fields, sync, T, rep) if op_fields
                       else max(0.0, (dt - plain) / 2))
+        # and how much slower the work runs on DTensors (not measured without the model)
+        share = ({"dtensor_compute_share": model_dtensor_share(op_fields, sync, T, rep)}
+                 if op_fields and size else {})
         # the same on DTensor shards, as FSDP, tensor and expert parallelism make the
         # parameters (each parameter costs more through DTensor's operators: 3.3 against
         # 2.3 ns at 256 x 256 on this CPU, 2026-11-27)
@@ -245,7 +311,7 @@ def framework_overheads(sync: Sync, T: float, rep: int, n_tensors: int = 16,
             return distribute_tensor(t, mesh, [Shard(0)])
         per_tensor_dt = opt_time(shard)
         per_param_dt = max(0.0, opt_time(shard, OPT_SIDE) - per_tensor_dt) / OPT_SIDE**2
-        return {"dtensor_op": dtensor_op,
+        return {"dtensor_op": dtensor_op, **share,
                 "optimizer_tensor": per_tensor,
                 "optimizer_param": per_param,
                 "optimizer_tensor_dtensor": per_tensor_dt,
@@ -461,7 +527,8 @@ def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
                            "add_autograd": sync.time(lambda: torch.add(leaf, two), T / 2, rep)}
         if plan.get("op_model"):
             out["overhead"]["model"] = model_op_cost(plan["op_model"], sync, T / 2, rep)
-        out["framework"] = framework_overheads(sync, T / 2, rep, op_fields=plan.get("op_model"))
+        out["framework"] = framework_overheads(sync, T / 2, rep, op_fields=plan.get("op_model"),
+                                               size=plan.get("dtensor_size", False))
         if plan.get("moe_model"):
             out["moe_layer"] = moe_layer_times(plan["moe_model"], plan["dtypes"], sync, T / 2, rep)
         tick(f"overhead x{n}")

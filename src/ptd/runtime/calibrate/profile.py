@@ -279,7 +279,10 @@ def profile_table(summary: dict, base: HardwareSpec, name: str, device: str,
         hw["dtensor_reduce_measured"] = {str(n): [[p[0], p[1]] for p in pts]
                                          for n, pts in summary["dtensor_reduce"].items()}
     if summary.get("framework"):
-        hw["overheads_measured"] = {k: {str(n): max(v, 1e-9) for n, v in t.items()}
+        # seconds a call, kept above 0 (a stored 0 would read as not measured); a share (of
+        # the work) may be 0: nothing grew
+        hw["overheads_measured"] = {k: {str(n): max(v, 0.0 if k.endswith("_share") else 1e-9)
+                                        for n, v in t.items()}
                                     for k, t in summary["framework"].items()}
     if summary.get("moe_layer"):
         hw["moe_layer_measured"] = {k: {str(n): pts for n, pts in t.items()}

@@ -95,6 +95,9 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
                 gemm_sizes=gemm, attn_shapes=attn,
                 attn_model_shapes=_with_small_heads(list(model_attention or []), cuda),
                 op_model=None if cuda else (op_spec or op_model()),
+                # how much slower a model's work runs on DTensors (bench.model_dtensor_share,
+                # ~3 s a worker count): left to the full calibration
+                dtensor_size=not quick,
                 moe_model=None if cuda else moe_spec,
                 coll_sizes=coll, kinds=list(KINDS),
                 group_sizes=group_sizes)

@@ -1,7 +1,9 @@
-"""Two ranks, interleaved in the same processes: ptd's tp-2 model of small (16 x 128 tokens), the same
-model with DTensor's all-reduce replaced by a copy (DTensor without communication), the tp-2
-rank's local shapes as a plain model, and the step's 33 all-reduces of 2 MiB back to back."""
+"""TPN ranks (default 2), interleaved in the same processes: ptd's tp-N model of small (16 x 128
+tokens), the same model with DTensor's all-reduce replaced by a copy (DTensor without
+communication), a tp-N rank's local shapes as a plain model, and the step's 33 all-reduces of
+2 MiB back to back. ``TPN=4 python tp_decomposition.py`` for tp 4."""
 import os, sys, time, statistics, tempfile, dataclasses
+N = int(os.environ.get("TPN", "2"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests"))
 os.environ["OMP_NUM_THREADS"] = "1"
 def worker(rank, store, q):
@@ -15,11 +17,11 @@ def worker(rank, store, q):
     from ptd.runtime.parallel.tp import apply_tp
     from ptd.specs.plan import ParallelPlan
     from ptd.specs.model import load_model
-    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=N)
     spec = load_model("small")
-    dt = build_model(spec, "meta"); apply_tp(dt, init_device_mesh("cpu", (2,)), ParallelPlan(tp=2, seq_len=128)); materialize(dt, "cpu", 0)
-    loc = dataclasses.replace(spec, n_heads=spec.n_heads // 2, n_kv_heads=spec.n_kv_heads // 2,
-                              ffn_hidden=spec.ffn_hidden // 2, vocab_size=spec.vocab_size // 2, vocab_multiple=1)
+    dt = build_model(spec, "meta"); apply_tp(dt, init_device_mesh("cpu", (N,)), ParallelPlan(tp=N, seq_len=128)); materialize(dt, "cpu", 0)
+    loc = dataclasses.replace(spec, n_heads=spec.n_heads // N, n_kv_heads=spec.n_kv_heads // N,
+                              ffn_hidden=spec.ffn_hidden // N, vocab_size=spec.vocab_size // N, vocab_multiple=1)
     sh = materialize(build_model(loc), "cpu", 0)
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, loc.vocab_size, (16, 128), generator=g); y = torch.randint(0, loc.vocab_size, (16, 128), generator=g)
@@ -55,6 +57,6 @@ def worker(rank, store, q):
     dist.destroy_process_group()
 if __name__ == "__main__":
     from helpers import run_ranks
-    res = run_ranks(worker, 2, tempfile.mkdtemp() + "/s", timeout=500)
+    res = run_ranks(worker, N, tempfile.mkdtemp() + "/s", timeout=500)
     for r, d in sorted(res.items()):
         print(r, d)

@@ -44,7 +44,7 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
               model_shapes: list[tuple[int, int, int]] | None = None,
               model_attention: list[tuple[int, int, int, int]] | None = None,
               op_spec: dict | None = None, moe_spec: dict | None = None) -> dict:
-    """Sizes, windows and repeats: the default calibration is ~1.5 minutes on a 2-core CPU,
+    """Sizes, windows and repeats: the default calibration is ~2 minutes on a 2-core CPU,
     ``quick`` ~15 s. ``op_spec``: :func:`op_model`'s fields (CPU; default the tiny
     preset's). ``model_shapes``: products (m, n, k) of a model, measured beside the
     sweep; ``model_attention``: its attention shapes (b, heads, s, head_dim), measured beside
@@ -95,8 +95,8 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
                 gemm_sizes=gemm, attn_shapes=attn,
                 attn_model_shapes=_with_small_heads(list(model_attention or []), cuda),
                 op_model=None if cuda else (op_spec or op_model()),
-                # how much slower a model's work runs on DTensors (bench.model_dtensor_share,
-                # ~3 s a worker count): left to the full calibration
+                # how much slower a model's work runs on DTensors (bench.model_dtensor_share:
+                # 106 -> 127 s for the 2-core EPYC's 1, 2 and 4 workers): left to the full one
                 dtensor_size=not quick,
                 moe_model=None if cuda else moe_spec,
                 coll_sizes=coll, kinds=list(KINDS),

@@ -157,9 +157,9 @@ class HardwareSpec:
     overheads_measured: dict[str, dict[int, float]] = field(default_factory=dict)
     """From ``ptd calibrate`` (CPU): seconds of framework overhead by kind, then by workers at
     once: ``dtensor_op`` (one operator on a ``DTensor`` beyond the same operator on a plain
-    tensor: sharding propagation and wrapping), ``dtensor_compute_share`` (how much slower a model's
-    work runs on DTensors: a tp rank's block and output layer priced that share slower), ``optimizer_tensor`` (one parameter tensor's
-    share of the optimizer phase -- gradient-norm, clipping, single-tensor AdamW -- on plain
+    tensor: sharding propagation and wrapping), ``dtensor_compute_share`` (not seconds: how
+    much slower a model's work runs on DTensors, a tp rank's blocks and output layer priced
+    that share slower), ``optimizer_tensor`` (one parameter tensor's share of the optimizer phase -- gradient-norm, clipping, single-tensor AdamW -- on plain
     tensors), ``optimizer_tensor_dtensor`` (the same on DTensor parameters, as FSDP and
     tensor parallelism make them) and ``optimizer_param`` (what each parameter adds to that
     phase, timed on 256 x 256 tensors; it replaces the bytes at the copy bandwidth),

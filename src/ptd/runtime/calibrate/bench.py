@@ -203,8 +203,8 @@ DTENSOR_SHARE_WINDOWS = 7
 def model_dtensor_share(fields: dict, sync: Sync, T: float, rep: int) -> float:
     """How much slower a model's work runs on DTensors than on plain tensors, beyond
     :func:`model_dtensor_cost`'s fixed cost an operator: ptd's model with ``fields``'
-    architecture at the ``small`` preset's widths (hidden 256, 8 heads, F 704, 2 layers,
-    vocabulary 256), whole (embedding, blocks, output layer with the loss), forward and
+    architecture, dense, at the ``small`` preset's widths (hidden 256, 8 heads, F 704, 2
+    layers, vocabulary 256), whole (embedding, blocks, output layer with the loss), forward and
     backward, with tensor parallelism on a one-rank mesh and without, at the two token
     counts of :data:`DTENSOR_SHARE_TOKENS`: the growth of tp's extra time between them over
     the growth of the plain model's time, not below 0. The operators on DTensors are the same
@@ -226,9 +226,12 @@ def model_dtensor_share(fields: dict, sync: Sync, T: float, rep: int) -> float:
     from ..parallel.tp import apply_tp
     small, large = DTENSOR_SHARE_TOKENS
     kv = 8 if fields["n_kv_heads"] == fields["n_heads"] else 4
+    # dense: a MoE model's experts at these widths would be a large model (and its
+    # layer is timed on its own, moe_layer_times)
     spec = ModelSpec(**{**fields, "name": f"{fields['name']}-share", "n_layers": 2,
                         "hidden": 256, "n_heads": 8, "n_kv_heads": kv, "ffn_hidden": 704,
-                        "vocab_size": 256, "max_seq_len": large})
+                        "vocab_size": 256, "max_seq_len": large, "n_experts": 0, "top_k": 0,
+                        "n_shared_experts": 0, "capacity_factor": 0.0})
 
     def build(tp: bool) -> torch.nn.Module:
         model = build_model(spec, "meta")

@@ -590,10 +590,10 @@ def test_moe_layer_times_time_the_layer_at_each_token_count():
     assert pts[-1][1] > pts[0][1] and pts[-1][2] > pts[0][2]
 
 
-def _fake_share_run(times):
-    """``model_dtensor_share`` on the tiny preset's architecture with its four timings (the
-    DTensor model then the plain one at 64 tokens, the same at 1024) taken from ``times``;
-    the models are built for real."""
+def _fake_share_run(times, fields=None):
+    """``model_dtensor_share`` on ``fields`` (default the tiny preset's architecture) with
+    its four timings (the DTensor model then the plain one at 64 tokens, the same at 1024)
+    taken from ``times``; the models are built for real."""
     import torch.distributed as dist
 
     from ptd.runtime.calibrate import bench
@@ -608,7 +608,7 @@ def _fake_share_run(times):
     if made:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        got = bench.model_dtensor_share(op_model(), FakeSync(), 0.01, 3)
+        got = bench.model_dtensor_share(fields or op_model(), FakeSync(), 0.01, 3)
     finally:
         if made:
             dist.destroy_process_group()
@@ -624,6 +624,24 @@ def test_dtensor_share_is_the_extras_growth_over_the_works():
     # measured where the plain model did not grow
     assert _fake_share_run([0.030, 0.020, 0.205, 0.200]) == 0.0
     assert _fake_share_run([0.030, 0.020, 0.060, 0.020]) == 0.0
+
+
+def test_dtensor_share_is_measured_on_a_dense_model_at_fixed_widths(monkeypatch):
+    # a mixture-of-experts --model: its architecture (norm, MLP, positions) at the small
+    # preset's widths, without its experts, which at those widths would be a large model
+    from ptd.runtime.calibrate.workers import op_model
+    from ptd.runtime.model import transformer
+    built, real = [], transformer.build_model
+
+    def build(spec, *a, **k):
+        built.append(spec)
+        return real(spec, *a, **k)
+    monkeypatch.setattr(transformer, "build_model", build)
+    _fake_share_run([0.030, 0.020, 0.260, 0.200], op_model(get_preset("tiny-moe")))
+    assert len(built) == 2
+    for spec in built:
+        assert (spec.n_experts, spec.top_k, spec.hidden, spec.ffn_hidden, spec.n_layers,
+                spec.max_seq_len) == (0, 0, 256, 704, 2, 1024)
 
 
 def test_only_a_full_calibration_times_the_dtensor_share():

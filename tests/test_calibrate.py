@@ -645,8 +645,8 @@ def test_dtensor_share_is_measured_on_a_dense_model_at_fixed_widths(monkeypatch)
 
 
 def test_only_a_full_calibration_times_the_dtensor_share():
-    assert make_plan([1, 2], ["fp32"], False, "cpu")["dtensor_size"] is True
-    assert make_plan([1, 2], ["fp32"], True, "cpu")["dtensor_size"] is False
+    assert make_plan([1, 2], ["fp32"], False, "cpu")["dtensor_share"] is True
+    assert make_plan([1, 2], ["fp32"], True, "cpu")["dtensor_share"] is False
 
 
 def test_overheads_keep_a_share_as_measured():

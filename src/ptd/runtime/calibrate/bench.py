@@ -260,15 +260,16 @@ def model_dtensor_share(fields: dict, sync: Sync, T: float, rep: int) -> float:
 
 
 def framework_overheads(sync: Sync, T: float, rep: int, n_tensors: int = 16,
-                        op_fields: dict | None = None, size: bool = False) -> dict:
+                        op_fields: dict | None = None, measure_share: bool = False) -> dict:
     """Seconds of framework overhead on a CPU (see ``HardwareSpec.overheads_measured``):
     an operator on a DTensor beyond a plain one (in ptd's own tensor-parallel model where
     ``op_fields`` name it: :func:`model_dtensor_cost`; else a 1-element add and an in-place
     product on a replicated DTensor), and one parameter tensor's and one parameter's share
     of the trainer's optimizer phase (global gradient norm, clipping, single-tensor AdamW)
-    on plain and on DTensor (``Shard(0)``) parameters; with ``size`` and ``op_fields``,
-    how much slower a model's work runs on DTensors (:func:`model_dtensor_share`). DTensors live on a one-rank mesh of a private process group
-    (made and destroyed here, before the collectives' group exists)."""
+    on plain and on DTensor (``Shard(0)``) parameters; with ``measure_share`` and
+    ``op_fields``, how much slower a model's work runs on DTensors
+    (:func:`model_dtensor_share`). DTensors live on a one-rank mesh of a private process
+    group (made and destroyed here, before the collectives' group exists)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -306,7 +307,7 @@ def framework_overheads(sync: Sync, T: float, rep: int, n_tensors: int = 16,
                       else max(0.0, (dt - plain) / 2))
         # and how much slower the work runs on DTensors (not measured without the model)
         share = ({"dtensor_compute_share": model_dtensor_share(op_fields, sync, T, rep)}
-                 if op_fields and size else {})
+                 if op_fields and measure_share else {})
         # the same on DTensor shards, as FSDP, tensor and expert parallelism make the
         # parameters (each parameter costs more through DTensor's operators: 3.3 against
         # 2.3 ns at 256 x 256 on this CPU, 2026-11-27)
@@ -531,7 +532,7 @@ def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
         if plan.get("op_model"):
             out["overhead"]["model"] = model_op_cost(plan["op_model"], sync, T / 2, rep)
         out["framework"] = framework_overheads(sync, T / 2, rep, op_fields=plan.get("op_model"),
-                                               size=plan.get("dtensor_size", False))
+                                               measure_share=plan.get("dtensor_share", False))
         if plan.get("moe_model"):
             out["moe_layer"] = moe_layer_times(plan["moe_model"], plan["dtypes"], sync, T / 2, rep)
         tick(f"overhead x{n}")

@@ -97,7 +97,7 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
                 op_model=None if cuda else (op_spec or op_model()),
                 # how much slower a model's work runs on DTensors (bench.model_dtensor_share:
                 # 106 -> 127 s for the 2-core EPYC's 1, 2 and 4 workers): left to the full one
-                dtensor_size=not quick,
+                dtensor_share=not quick,
                 moe_model=None if cuda else moe_spec,
                 coll_sizes=coll, kinds=list(KINDS),
                 group_sizes=group_sizes)

@@ -58,7 +58,7 @@ def predict(model: Any, plan: Any, hardware: Any) -> Any:
 
 def predicted_rank_memory(model: Any, plan: Any, pp_rank: int, dp_rank: int,
                           hardware: Any = None) -> dict[str, float]:
-    from ..cost.estimate import CostOptions, fused_norm
+    from ..cost.estimate import CostOptions, autocast, fused_norm
     from ..cost.memory import (activation_bytes, autocast_weight_copies, model_state_elements,
                                state_bytes_per_param)
     from ..specs.hardware import DTYPE_BYTES
@@ -66,13 +66,15 @@ def predicted_rank_memory(model: Any, plan: Any, pp_rank: int, dp_rank: int,
     pb, gb, ob = state_bytes_per_param(plan.dtype, "ptd")
     d = {"params": e.params * pb, "grads": e.grads * gb, "optimizer": e.optimizer * ob}
     d["total"] = d["params"] + d["grads"] + d["optimizer"]
-    fused = fused_norm(CostOptions(), hardware) if hardware is not None else True
-    # ptd's runtime: fp32 weights under autocast in bf16/fp16 with ZeRO-0; under ZeRO-1/2/3
-    # FSDP casts the parameters and the forward runs in the compute dtype (cost.eager.for_plan)
+    ptd = CostOptions()  # the defaults are ptd's runtime
+    fused = fused_norm(ptd, hardware) if hardware is not None else True
+    # fp32 weights under autocast in bf16/fp16 with ZeRO-0; under ZeRO-1/2/3 FSDP casts the
+    # parameters and the forward runs in the compute dtype (cost.eager.for_plan)
+    ac = autocast(ptd, plan)
     d["activations"] = activation_bytes(model, plan, pp_rank=pp_rank, fused_norm=fused,
-                                        autocast=plan.zero == 0, sp_gathered=True)
+                                        autocast=ac, sp_gathered=True)
     ab = DTYPE_BYTES[plan.dtype]
-    if ab < 4 and plan.zero == 0:  # autocast's weight copies lie under the measured peak
+    if ab < 4 and ac:  # autocast's weight copies lie under the measured peak
         d["activations"] += ab * autocast_weight_copies(model, plan, pp_rank)
     return d
 

@@ -206,13 +206,40 @@ def test_optimizer_norm_all_reduces_under_sequence_parallelism(monkeypatch):
 SHARED = load_hardware("cpu").replace(gemm_flops_measured={"fp32": {1: 100.0, 2: 80.0, 4: 30.0}})
 
 
-def test_shared_rate_ratio_processor_sharing_by_hand():
-    cluster = ClusterSpec(SHARED, 4, 4)  # W = 4 workers on the node, each at R_4 = 30
-    # C = max_N N R_N = max(100, 160, 120) = 160; ratio R_4 / min(R_1, C / busy)
-    assert S.shared_rate_ratio(cluster, "fp32", 2) == exact(30 / 80)          # C/2 = 80
-    assert S.shared_rate_ratio(cluster, "fp32", 3) == exact(30 / (160 / 3))   # 0.5625
-    assert S.shared_rate_ratio(cluster, "fp32", 1) == exact(30 / 100)         # R_1 caps it
-    assert S.shared_rate_ratio(cluster, "fp32", 2.5) == exact(30 / 64)        # C/2.5 = 64
+def test_shared_rate_ratio_per_core_run_queues_by_hand():
+    # the node's cores N: where N R_N peaks, max(1 x 100, 2 x 80, 4 x 30) at N = 2.
+    # W = 4 workers, the step priced at R_4 = 30; the ratio is R_4 x the mean time per FLOP
+    cluster = ClusterSpec(SHARED, 4, 4)
+    assert S.shared_rate_ratio(cluster, "fp32", 1) == exact(30 / 100)   # a core alone: R_1
+    assert S.shared_rate_ratio(cluster, "fp32", 2) == exact(30 / 80)    # one each: R_2
+    # three on two cores: one core holds two (each at R_4, two to a core), the other one
+    # (at R_2); mean time (2 / 30 + 1 / 80) / 3 -- not processor sharing's C / 3 = 160 / 3
+    assert S.shared_rate_ratio(cluster, "fp32", 3) == exact(30 * (2 / 30 + 1 / 80) / 3)
+    # eight workers on the same two cores (R_8 = 30 x 4 / 8 = 15 beyond the table):
+    # 4 busy: two a core, 1 / R_4; 5: 3 + 2, (2 / R_4 + 3 / R_6) / 5 with R_6 = 30 x 4 / 6 = 20;
+    # 6: three a core, 1 / R_6; 7: 4 + 3, (3 / R_6 + 4 / R_8) / 7
+    eight = ClusterSpec(SHARED, 8, 8)
+    assert S.shared_rate_ratio(eight, "fp32", 4) == exact(15 / 30)
+    assert S.shared_rate_ratio(eight, "fp32", 5) == exact(15 * (2 / 30 + 3 / 20) / 5)
+    assert S.shared_rate_ratio(eight, "fp32", 6) == exact(15 / 20)
+    assert S.shared_rate_ratio(eight, "fp32", 7) == exact(15 * (3 / 20 + 4 / 15) / 7)
+
+
+def test_pipeline_sharing_takes_the_mean_over_the_others_by_hand():
+    cluster = ClusterSpec(SHARED, 4, 4)
+    # no collectives (waiting 0): each other rank computes in m of the m + fill slots,
+    # P = 1 / (1 + 3) = 1/4, so X ~ Binomial(3, 1/4) others compute beside the rank:
+    # probabilities 27/64, 27/64, 9/64, 1/64 of 0..3, at ratios 0.3, 0.375, 0.791..., 1
+    want = (27 * 0.3 + 27 * 0.375 + 9 * (30 * (2 / 30 + 1 / 80) / 3) + 1 * 1.0) / 64
+    assert S.pipeline_sharing(cluster, "fp32", 1, 1, 3.0, 3.5, 0.0) == exact(want)
+    # tp pairs (group 2): the one other pair computes with P = u m / (m + fill), where the
+    # pair computes u = k c / (k c + waiting) of its slots. c = 1, waiting 1, m 4, fill 1:
+    # k = (1 - P) R_4 / R_2 + P = 0.375 + 0.625 P, P = 0.8 k / (k + 1), so
+    # k^2 + 0.125 k - 0.375 = 0: k = (-0.125 + sqrt(0.125^2 + 1.5)) / 2
+    k = S.pipeline_sharing(cluster, "fp32", 2, 4, 1.0, 1.0, 1.0)
+    assert k == pytest.approx((-0.125 + (0.125 ** 2 + 1.5) ** 0.5) / 2, rel=1e-9)
+    # a node with a core for each worker lends nothing: GPUs, or a table of one count
+    assert S.pipeline_sharing(ClusterSpec(GPU, 4), "fp32", 1, 1, 3.0, 3.5, 0.0) == 1.0
 
 
 def test_shared_rate_ratio_is_one_when_all_workers_compute():

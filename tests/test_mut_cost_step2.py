@@ -57,30 +57,55 @@ def test_pipeline_point_to_point_count_by_hand(monkeypatch):
 
 
 # A CPU whose 4 workers share cores: per-worker matmul rates measured with 1, 2 and 4 at
-# once, 100, 80 and 30 FLOP/s (C = max_N N R_N = 160); no calibrated blocking wait.
+# once, 100, 80 and 30 FLOP/s (its cores: N R_N peaks at N = 2); no calibrated blocking wait.
 SHARED = load_hardware("cpu").replace(gemm_flops_measured={"fp32": {1: 100.0, 2: 80.0, 4: 30.0}},
                                       blocking_wait_measured={}, overheads_measured={})
 
 
-# Catches: step.py:323 ``(m + fill) * c_mb * k - m * c_mb`` -> ``... * k * m * c_mb`` (and
-# other changes of the processor-sharing bubble). By hand, from pipeline()'s comment: while
-# the pipeline fills and drains, on average only m / (m + fill) of the node's W workers
-# compute, each at the processor-sharing rate for that many, so the compute of the
-# (m + fill) slots takes k = R_W / min(R_1, C / busy) of its time.
-# pp 4, m 1, v 1: fill = p - 1 = 3; busy = 4 * 1 / (1 + 3) = 1 -> k = 30 / min(100, 160) = 0.3.
-# c_mb = f + b + rc = 1 + 2 + 0.5 = 3.5: the schedule takes (1 + 3) * 3.5 * 0.3 = 4.2 s of
-# which the micro-batch's own 1 * 3.5 is counted as compute: bubble 0.7, plus the fill's tp
-# collectives (not sped up) 3 * (0.25 + 0.125) = 1.125 -> 1.825 s.
+# Catches changes of the shared-core bubble (the fill's slots at the rank's own rate k, the
+# collectives not sped up). pp 4, m 1, v 1: fill = p - 1 = 3. Without collectives each other
+# rank computes in m of the m + fill slots, P = 1/4, X ~ Binomial(3, 1/4) of them beside
+# the rank (27/64, 27/64, 9/64, 1/64), each case at R_4 x its mean time per FLOP: 1 busy
+# 30/100, 2 busy 30/80, 3 busy (one core holds two at R_4, the other one at R_2)
+# 30 (2/30 + 1/80) / 3, 4 busy 1 (tests/test_mut_cost_step.py). c_mb = 1 + 2 + 0.5 = 3.5:
+# bubble = fill * c_mb * k. On a GPU (no sharing): fill * (c_mb + tf + tb) = 3 * 3.875.
 def test_pipeline_bubble_with_shared_cores_by_hand(monkeypatch):
     monkeypatch.setattr(S, "_coll", _bytes_as_seconds([]))
     cluster = ClusterSpec(SHARED, 4, 4)
     plan = ParallelPlan(dp=1, tp=1, pp=4, micro_batch=1, global_batch=1, seq_len=8, dtype="fp32")
+    k = (27 * 0.3 + 27 * 0.375 + 9 * (30 * (2 / 30 + 1 / 80) / 3) + 1.0) / 64
+    bubble, _ = S.pipeline(LLAMA, plan, cluster, _mbt(1.0, 2.0, 0.5, 0.0, 0.0), 0.0)
+    assert bubble == exact(3 * 3.5 * k)
+    assert S.pipeline_rate(plan, cluster, _mbt(1.0, 2.0, 0.5, 0.0, 0.0), 0.0) == exact(k)
+    # with collectives the fill's slots hold them at their own time: fill * (c k' + tf + tb)
+    # where k' is the fixed point of pipeline_sharing (tested by hand there)
     mbt = _mbt(1.0, 2.0, 0.5, 0.25, 0.125)
-    bubble, _ = S.pipeline(LLAMA, plan, cluster, mbt, 0.0)
-    assert bubble == exact(0.7 + 1.125)
-    # the same pipeline on a GPU (no sharing): fill * (c_mb + tf + tb) = 3 * 3.875
+    k2 = S.pipeline_sharing(cluster, "fp32", 1, 1, 3.0, 3.5, 0.375)
+    assert 0 < k2 < 1
+    assert S.pipeline(LLAMA, plan, cluster, mbt, 0.0)[0] == exact(3 * (3.5 * k2 + 0.375))
     gpu_bubble, _ = S.pipeline(LLAMA, plan, ClusterSpec(GPU, 4), mbt, 0.0)
     assert gpu_bubble == exact(3 * 3.875)
+    # one stage (no pipeline): nothing is lent
+    flat = plan.replace(pp=1)
+    assert S.pipeline_rate(flat, cluster, mbt, 0.0) == 1.0
+
+
+# The step's computation on shared cores runs at the same rate k (m micro-batches of
+# c_mb k), where the GPU's is m c_mb: step_time with micro_batch() replaced by a stand-in.
+def test_step_time_computes_a_shared_core_pipeline_at_its_rate(monkeypatch):
+    monkeypatch.setattr(S, "_coll", _bytes_as_seconds([]))
+    mbt = _mbt(1.0, 2.0, 0.5, 0.0, 0.0)
+    monkeypatch.setattr(S, "micro_batch", lambda *a, **kw: mbt)
+    plan = ParallelPlan(dp=1, tp=1, pp=4, micro_batch=1, global_batch=2, seq_len=8, dtype="fp32")
+    cluster = ClusterSpec(SHARED, 4, 4)
+    k = S.pipeline_rate(plan, cluster, mbt, 0.0)
+    assert k < 1
+    st = S.step_time(LLAMA, plan, cluster)
+    assert st.compute == exact(2 * 3.5 * k)
+    assert (st.forward, st.backward, st.recompute) == (exact(2 * 1.0 * k), exact(2 * 2.0 * k),
+                                                       exact(2 * 0.5 * k))
+    gpu = S.step_time(LLAMA, plan, ClusterSpec(GPU, 4))
+    assert gpu.compute == exact(2 * 3.5)
 
 
 # ------------------------------------------------------------------ micro-batch

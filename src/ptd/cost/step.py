@@ -31,6 +31,7 @@ ZeRO), :func:`optimizer_time`, :func:`ptd.cost.context.cp_terms`, and expert par
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
@@ -145,20 +146,74 @@ def _node_split(axis: str, dp: int, tp: int, pp: int, devices_per_node: int, cp:
     return axis_node_split(axis, ParallelPlan(dp=dp, tp=tp, pp=pp, cp=cp), devices_per_node)  # type: ignore[arg-type]
 
 
-def shared_rate_ratio(cluster: ClusterSpec, dtype: str, busy: float) -> float:
+def shared_rate_ratio(cluster: ClusterSpec, dtype: str, busy: int) -> float:
     """How much faster one worker computes when only ``busy`` of its node's workers are
     computing instead of all of them: 1 where devices do not share compute units (GPUs,
-    presets); on a calibrated CPU whose workers share the cores, the measured per-worker
-    rate at the full count over a processor-sharing rate at ``busy`` workers,
-    ``min(R_1, C / busy)`` with ``C = max_N N R_N`` the node's measured aggregate rate."""
+    presets); on a calibrated CPU whose workers share the cores, the mean time a unit of
+    work takes over ``busy`` computing workers (:func:`_shared_time`) over its time at the
+    per-worker rate the step's computation is priced at (all of the node's workers), at
+    most 1."""
     table = cluster.hardware.gemm_flops_measured.get(dtype, {})
-    w = cluster.workers_per_node
-    if len(table) < 2 or busy >= w:
+    if len(table) < 2 or busy >= cluster.workers_per_node:
         return 1.0
-    cap = max(n * cluster.hardware.gemm_rate(dtype, n) for n in table)
-    r1 = cluster.hardware.gemm_rate(dtype, 1)
-    r_busy = min(r1, cap / max(busy, 1e-9))
-    return min(1.0, cluster.gemm_rate(dtype) / r_busy)
+    return min(1.0, cluster.gemm_rate(dtype) * _shared_time(cluster.hardware, dtype, max(1, busy)))
+
+
+def pipeline_sharing(cluster: ClusterSpec, dtype: str, group: int, m: int, fill: float,
+                     compute: float, waiting: float) -> float:
+    """The factor ``k <= 1`` by which a pipeline rank's computation runs faster than priced
+    (at every worker of its node computing) because, on a CPU whose workers share the cores,
+    the others do not all compute at once: 1 on GPUs and where the node has a core for each
+    worker.
+
+    A rank computes together with the ``group`` ranks that wait in its collectives with it
+    (tensor and context parallelism; 1 without), for ``compute * k`` of each micro-batch's
+    ``compute * k + waiting`` (``waiting``: its collectives' time), and in ``m`` of the
+    schedule's ``m + fill`` slots (idle while the pipeline fills and drains). Each of the
+    node's other groups is computing at a given moment with that probability ``P``,
+    independently, so ``X ~ Binomial(W / group - 1, P)`` of them are, and the rank's work
+    takes ``E[shared_rate_ratio(group (1 + X))]`` of its priced time -- the mean over the
+    cases, not the ratio at the mean count, as the rate is not linear in the count. ``k``
+    and ``P`` depend on each other; iterated from ``k = 1`` to the fixed point."""
+    w = cluster.workers_per_node
+    if shared_rate_ratio(cluster, dtype, group) >= 1.0:
+        return 1.0
+    others = max(0, w // group - 1)
+    k = 1.0
+    for _ in range(200):
+        busy_time = compute * k
+        u = busy_time / (busy_time + waiting) if busy_time + waiting > 0 else 1.0
+        p = u * m / (m + fill) if m + fill > 0 else 1.0
+        new = sum(math.comb(others, x) * p ** x * (1 - p) ** (others - x)
+                  * shared_rate_ratio(cluster, dtype, min(w, group * (1 + x)))
+                  for x in range(others + 1))
+        if abs(new - k) < 1e-12:
+            return new
+        k = new
+    return k
+
+
+def _shared_time(hw: HardwareSpec, dtype: str, n: int) -> float:
+    """Mean seconds per FLOP over ``n`` workers computing at once on a CPU node whose cores
+    they share. The node's cores ``N`` are the worker count at which the measured aggregate
+    matmul rate ``N R_N`` peaks. Linux keeps one run queue per core and spreads runnable
+    workers evenly over them, but does not rotate them to share out a remainder: with
+    ``n = q N + e`` workers, ``e`` cores hold ``q + 1`` of them and the others ``q``, and a
+    worker runs at the per-worker rate of as many workers to every core as share its own,
+    ``R_{L N}`` (measured, or beyond the table as the model prices any worker count:
+    :meth:`~ptd.specs.HardwareSpec.gemm_rate`). Not fluid processor
+    sharing, which would give each of them ``N R_N / n``: three workers computing on two
+    cores measured one of them at 1.93x its time alone, not 1.5x (docs/measuring.md,
+    twenty-fifth session). With ``n <= N`` each has a core: ``R_n``."""
+    table = hw.gemm_flops_measured.get(dtype, {})
+    cores = min(table, key=lambda c: (-c * hw.gemm_rate(dtype, c), c))
+    if n <= cores:
+        return 1.0 / hw.gemm_rate(dtype, n)
+    q, e = divmod(n, cores)
+    t = (cores - e) * q / hw.gemm_rate(dtype, q * cores)
+    if e:
+        t += e * (q + 1) / hw.gemm_rate(dtype, (q + 1) * cores)
+    return t / n
 
 
 def cpu_overlap_loss(cluster: ClusterSpec, dtype: str) -> float:
@@ -220,6 +275,8 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     cpt = CX.cp_terms(model, plan, cluster, mbt.nl)  # context parallel: whole-sequence attention
     mbt = dataclasses.replace(mbt, f=mbt.f + cpt.attn_forward, b=mbt.b + cpt.attn_backward)
     bubble, pp_comm = pipeline(model, plan, cluster, mbt, cpt.comm_exposed)
+    # a pipeline on shared cores computes faster than priced while others wait (1 elsewhere)
+    k = pipeline_rate(plan, cluster, mbt, cpt.comm_exposed)
     net = _net(cluster, plan, "grad" if plan.cp > 1 else "dp")
     dp = DP.dp_terms(model, plan, cluster, mbt, _group(plan, cluster, "dp"),
                      lambda kind, nbytes, n, _hw, nodes, per: _coll(kind, nbytes, n, net, nodes, per),
@@ -231,7 +288,7 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
     dp = dataclasses.replace(dp, total=dp.total + tied, exposed=dp.exposed + tied)
     optimizer, tp_step = optimizer_time(model, plan, cluster, mbt)
     # FSDP's copies around its collectives (CPUs: :func:`ptd.cost.dp.fsdp_copy_time`)
-    compute = m * (mbt.f + mbt.b + mbt.rc) + dp.copy_forward + dp.copy_backward
+    compute = m * (mbt.f + mbt.b + mbt.rc) * k + dp.copy_forward + dp.copy_backward
     tp_comm = m * (mbt.tf + mbt.tb) + tp_step
     ep_comm = _ep_time(model, plan, cluster, mbt, cluster.gemm_rate(plan.dtype), moe_imbalance,
                        expert_tp)
@@ -249,8 +306,8 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
              + ep_comm + m * cpt.comm_exposed + overlap)
     return StepBreakdown(total=total, compute=compute, tp_comm=tp_comm, pp_comm=pp_comm,
                          dp_comm_exposed=dp.exposed, bubble=bubble,
-                         optimizer=optimizer + dp.opt_comm, forward=m * mbt.f + dp.copy_forward,
-                         backward=m * mbt.b + dp.copy_backward, recompute=m * mbt.rc,
+                         optimizer=optimizer + dp.opt_comm, forward=m * mbt.f * k + dp.copy_forward,
+                         backward=m * mbt.b * k + dp.copy_backward, recompute=m * mbt.rc * k,
                          dp_comm_total=dp.total,
                          ep_comm=ep_comm, cp_comm=m * cpt.comm_exposed,
                          cp_comm_total=m * cpt.comm_total, overlap=overlap)
@@ -381,6 +438,29 @@ def _tp_collectives(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, 
     return TPCollectives(ar_f, ar_b, ar_end, n_block_f, n_block_b, n_rc, n_out_f, tp_out_f)
 
 
+def _fill(plan: ParallelPlan) -> float:
+    """Slots of the schedule in which a rank waits while the pipeline fills and drains, in
+    micro-batches of its work (``p - 1`` over its ``v`` stages; zero-bubble: half, none
+    with ``m >= 2 p``)."""
+    p, v, m = plan.pp, plan.stages_per_rank, plan.n_microbatches
+    if plan.schedule == "zero-bubble" and m >= 2 * p:
+        return 0.0
+    if plan.schedule == "zero-bubble":
+        return (p - 1) / (2 * v)
+    return (p - 1) / v
+
+
+def pipeline_rate(plan: ParallelPlan, cluster: ClusterSpec, mbt: MicroBatch,
+                  cp_exposed: float) -> float:
+    """:func:`pipeline_sharing` for ``plan``'s pipeline (1 without one): its ranks compute
+    in groups of tp x cp, each micro-batch's collectives ``tf + tb`` and exposed context-
+    parallel exchange the time they wait."""
+    if plan.pp <= 1:
+        return 1.0
+    return pipeline_sharing(cluster, plan.dtype, plan.tp * plan.cp, plan.n_microbatches,
+                            _fill(plan), mbt.f + mbt.b + mbt.rc, mbt.tf + mbt.tb + cp_exposed)
+
+
 def pipeline(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: MicroBatch,
              cp_exposed: float) -> tuple[float, float]:
     """(bubble, point-to-point time) of the pipeline; (0, 0) without one."""
@@ -388,20 +468,12 @@ def pipeline(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Mi
     if p <= 1:
         return 0.0, 0.0
     f, b, rc, tf, tb = mbt.f, mbt.b, mbt.rc, mbt.tf, mbt.tb
-    if plan.schedule == "zero-bubble" and m >= 2 * p:
-        fill = 0.0
-    elif plan.schedule == "zero-bubble":
-        fill = (p - 1) / (2 * v)
-    else:
-        fill = (p - 1) / v
-    bubble = fill * (f + b + rc + tf + tb + cp_exposed)
+    fill = _fill(plan)
     # Workers that share compute units (a CPU with more workers than cores) lend their
-    # share to the busy ones while they wait: on average only m / (m + fill) of the
-    # node's workers compute, each at the processor-sharing rate for that many.
-    k = shared_rate_ratio(cluster, plan.dtype, cluster.workers_per_node * m / (m + fill))
-    if k < 1.0:
-        c_mb = f + b + rc
-        bubble = max(0.0, (m + fill) * c_mb * k - m * c_mb) + fill * (tf + tb)
+    # share to the busy ones while they wait: the rank computes k of its priced time, in
+    # the fill's slots as in its own (step_time scales the computation by the same k)
+    k = pipeline_rate(plan, cluster, mbt, cp_exposed)
+    bubble = fill * ((f + b + rc) * k + tf + tb + cp_exposed)
     # Each receive the schedule waits on follows a chunk of computation, so where the
     # calibrated blocking wait applies (shared cores; 0 on GPUs) the stage waits beyond
     # the transfer, as tensor parallelism's collectives do. Per micro-batch and chunk a

@@ -2,8 +2,8 @@
 group each axis prices (context parallelism joins data parallelism only), the
 tensor-parallel collective counts of a block and of the output layer, the slowest rank's
 tp times, the optimizer's inputs (ZeRO's shard, the tensor count, which per-tensor overhead,
-the norms' all-reduces under sequence parallelism) and the processor-sharing ratio of a
-calibrated CPU.
+the norms' all-reduces under sequence parallelism) and the shared-core rate ratio of a
+calibrated CPU (per-core run queues) with a pipeline's mean over the ranks computing.
 
 The pricing functions step.py composes (block and output times, collectives, the optimizer
 step) are replaced by stand-ins of known value, so that each expected value is arithmetic

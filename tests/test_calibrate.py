@@ -128,6 +128,18 @@ def test_profile_from_timings_loads_and_carries_the_fits():
     old = profile_table(summarize(plan, results), get_hardware_preset("cpu"), "synth", "cpu",
                         8 * 2**30, "test")
     assert "eager_bandwidth_fraction" not in old
+
+
+def test_a_cpu_profile_records_its_logical_cpus(monkeypatch):
+    # the run queues its workers share (ptd.cost.step._shared_time); a GPU's profile has none
+    import ptd.runtime.calibrate.profile as prof
+    monkeypatch.setattr(prof.os, "cpu_count", lambda: 7)
+    plan, results = _synthetic()
+    s = summarize(plan, results)
+    table = profile_table(s, get_hardware_preset("cpu"), "synth", "cpu", 8 * 2**30, "test")
+    assert table["cpus"] == 7 and hardware_from_dict(table, "synth").cpus == 7
+    assert "cpus" not in profile_table(s, get_hardware_preset("cpu"), "synth", "cuda",
+                                       8 * 2**30, "test")
     # a worker that timed ptd's own model's operators: that figure prices an operator, not
     # the bare operators' mean (2 + 1 + 3 us at 2 workers: 4 above)
     for r in results:

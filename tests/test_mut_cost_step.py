@@ -18,6 +18,7 @@ import pytest
 from ptd.cost import compute as C
 from ptd.cost import params as P
 from ptd.cost import step as S
+from ptd.errors import PtdError
 from ptd.specs.hardware import ClusterSpec, load_hardware
 from ptd.specs.model import ModelSpec
 from ptd.specs.plan import ParallelPlan
@@ -223,6 +224,26 @@ def test_shared_rate_ratio_per_core_run_queues_by_hand():
     assert S.shared_rate_ratio(eight, "fp32", 5) == exact(15 * (2 / 30 + 3 / 20) / 5)
     assert S.shared_rate_ratio(eight, "fp32", 6) == exact(15 / 20)
     assert S.shared_rate_ratio(eight, "fp32", 7) == exact(15 * (3 / 20 + 4 / 15) / 7)
+
+
+def test_shared_rate_ratio_reads_the_recorded_cpus():
+    # the same table on a node that recorded 4 logical CPUs: up to 4 workers each have a
+    # run queue, at the table's rate for that many (3 reads R_4's entry, the nearest
+    # measured count at or above it): 3 busy cost what 4 do, 2 busy R_4 / R_2
+    four = ClusterSpec(SHARED.replace(cpus=4), 4, 4)
+    assert S.shared_rate_ratio(four, "fp32", 3) == 1.0
+    assert S.shared_rate_ratio(four, "fp32", 2) == exact(30 / 80)
+    # and one CPU: two busy share it, at R_2 each (the table's two-worker rate)
+    one = ClusterSpec(SHARED.replace(cpus=1), 4, 4)
+    assert S.shared_rate_ratio(one, "fp32", 2) == exact(30 / 80)
+    assert S.shared_rate_ratio(one, "fp32", 1) == exact(30 / 100)
+
+
+def test_hardware_cpus_must_be_a_count():
+    for bad in (-1, 2**21):
+        with pytest.raises(PtdError, match="cpus must be an integer in 0..2"):
+            SHARED.replace(cpus=bad)
+    assert load_hardware("cpu").cpus == 0  # the preset's cores: where its table peaks
 
 
 def test_pipeline_sharing_takes_the_mean_over_the_others_by_hand():

@@ -195,8 +195,9 @@ def pipeline_sharing(cluster: ClusterSpec, dtype: str, group: int, m: int, fill:
 
 def _shared_time(hw: HardwareSpec, dtype: str, n: int) -> float:
     """Mean seconds per FLOP over ``n`` workers computing at once on a CPU node whose cores
-    they share. The node's cores ``N`` are the worker count at which the measured aggregate
-    matmul rate ``N R_N`` peaks. Linux keeps one run queue per core and spreads runnable
+    they share. The node's cores ``N``: its logical CPUs as the calibration recorded them
+    (``HardwareSpec.cpus``), else the worker count at which the measured aggregate matmul
+    rate ``N R_N`` peaks. Linux keeps one run queue per core and spreads runnable
     workers evenly over them, but does not rotate them to share out a remainder: with
     ``n = q N + e`` workers, ``e`` cores hold ``q + 1`` of them and the others ``q``, and a
     worker runs at the per-worker rate of as many workers to every core as share its own,
@@ -206,7 +207,7 @@ def _shared_time(hw: HardwareSpec, dtype: str, n: int) -> float:
     cores measured one of them at 1.93x its time alone, not 1.5x (docs/measuring.md,
     twenty-fifth session). With ``n <= N`` each has a core: ``R_n``."""
     table = hw.gemm_flops_measured.get(dtype, {})
-    cores = min(table, key=lambda c: (-c * hw.gemm_rate(dtype, c), c))
+    cores = hw.cpus or min(table, key=lambda c: (-c * hw.gemm_rate(dtype, c), c))
     if n <= cores:
         return 1.0 / hw.gemm_rate(dtype, n)
     q, e = divmod(n, cores)

@@ -125,6 +125,12 @@ class HardwareSpec:
     """Vendor 2:4-sparse peaks, for display only: never an MFU denominator."""
     kind: str = "gpu"
     """``gpu`` or ``cpu``: which kernels PyTorch runs (a CPU's RMSNorm is composite)."""
+    cpus: int = 0
+    """A CPU node's logical CPUs (``ptd calibrate`` records ``os.cpu_count()``): the run
+    queues the operating system spreads its workers over, which decides how fast a worker
+    computes while only some of them do (``ptd.cost.step._shared_time``). 0: not recorded
+    (GPUs; older profiles, where the worker count at which the measured aggregate matmul
+    rate peaks stands in)."""
     gemm_flops_measured: dict[str, dict[int, float]] = field(default_factory=dict)
     """From ``ptd calibrate``: achieved matmul FLOP/s per worker, by dtype, then by how many
     workers ran at once on the node (cores and memory are shared). Overrides peak*efficiency."""
@@ -240,6 +246,10 @@ class HardwareSpec:
             raise PtdError(f"hardware {self.name}: memory_reserved must be in [0, memory_bytes)")
         if self.devices_per_node < 1:
             raise PtdError(f"hardware {self.name}: devices_per_node must be at least 1")
+        if isinstance(self.cpus, bool) or not isinstance(self.cpus, int) \
+                or not 0 <= self.cpus <= 2**20:
+            raise PtdError(f"hardware {self.name}: cpus must be an integer in 0..2**20 "
+                           f"(0: not recorded), got {self.cpus!r}")
         for f in ("gemm_efficiency", "memory_efficiency", "attention_efficiency"):
             if not 0 < getattr(self, f) <= 1:
                 raise PtdError(f"hardware {self.name}: {f} must be in (0, 1]")

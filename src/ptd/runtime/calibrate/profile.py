@@ -31,6 +31,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from ...cost.comm import bus_factor, latency_steps
@@ -247,6 +248,8 @@ def profile_table(summary: dict, base: HardwareSpec, name: str, device: str,
                   memory_bytes: float | None, note: str) -> dict[str, Any]:
     """The ``[hardware]`` table: ``preset = base`` plus what was measured."""
     hw: dict[str, Any] = {"preset": base.name, "name": name}
+    if device == "cpu":  # the run queues its workers share (ptd.cost.step._shared_time)
+        hw["cpus"] = os.cpu_count() or 0
     gemm = summary["gemm"]
     hw["gemm_flops_measured"] = {dt: {str(n): v["rate"] for n, v in t.items()}
                                  for dt, t in gemm.items()}

@@ -226,6 +226,36 @@ def test_shared_rate_ratio_per_core_run_queues_by_hand():
     assert S.shared_rate_ratio(eight, "fp32", 7) == exact(15 * (3 / 20 + 4 / 15) / 7)
 
 
+def test_shared_rate_ratio_edges_by_hand():
+    # all of a 3-worker node computing: nothing lent, 1 -- although three on two cores run
+    # faster on average than the step's rate R_3 (the table's R_4 entry) prices them
+    three = ClusterSpec(SHARED, 3, 3)
+    assert S.shared_rate_ratio(three, "fp32", 3) == 1.0
+    assert S.shared_rate_ratio(three, "fp32", 2) == exact(30 / 80)
+    # a noisy table whose one-worker rate reads below the four-worker one: never above 1
+    odd = ClusterSpec(SHARED.replace(gemm_flops_measured={"fp32": {1: 20.0, 2: 80.0, 4: 30.0}}),
+                      4, 4)
+    assert S.shared_rate_ratio(odd, "fp32", 1) == 1.0
+    # where the aggregate rate ties (2 x 60 = 4 x 30 = 120) the cores are the smaller count,
+    # 2: three busy are two on one core and one alone, 30 (2 / 30 + 1 / 60) / 3; read as 4
+    # cores, each would have its own (the R_4 entry): 1
+    tie = ClusterSpec(SHARED.replace(gemm_flops_measured={"fp32": {1: 100.0, 2: 60.0, 4: 30.0}}),
+                      4, 4)
+    assert S.shared_rate_ratio(tie, "fp32", 3) == exact(30 * (2 / 30 + 1 / 60) / 3)
+
+
+def test_fill_slots_by_hand():
+    # p - 1 over the stages a rank holds; zero-bubble (ZB-V: two stages a rank, v 2) half
+    # that, (4 - 1) / (2 x 2), and none with m >= 2p
+    plan = ParallelPlan(dp=1, tp=1, pp=4, micro_batch=1, global_batch=8, seq_len=8)
+    assert S._fill(plan) == 3.0
+    assert S._fill(plan.replace(schedule="zero-bubble")) == 0.0          # m = 8 = 2p
+    assert S._fill(plan.replace(schedule="zero-bubble", global_batch=7)) == 0.75
+    inter = ParallelPlan(dp=1, tp=1, pp=2, vpp=2, schedule="interleaved-1f1b", micro_batch=1,
+                         global_batch=4, seq_len=8)
+    assert S._fill(inter) == 0.5
+
+
 def test_shared_rate_ratio_reads_the_recorded_cpus():
     # the same table on a node that recorded 4 logical CPUs: up to 4 workers each have a
     # run queue, at the table's rate for that many (3 reads R_4's entry, the nearest

@@ -85,9 +85,24 @@ def test_pipeline_bubble_with_shared_cores_by_hand(monkeypatch):
     assert S.pipeline(LLAMA, plan, cluster, mbt, 0.0)[0] == exact(3 * (3.5 * k2 + 0.375))
     gpu_bubble, _ = S.pipeline(LLAMA, plan, ClusterSpec(GPU, 4), mbt, 0.0)
     assert gpu_bubble == exact(3 * 3.875)
+    # context parallelism's exposed exchange (0.5 a micro-batch) waits like the collectives:
+    # in the fill's slots, and in the time the rank is not computing
+    k3 = S.pipeline_sharing(cluster, "fp32", 1, 1, 3.0, 3.5, 0.875)
+    assert k3 < k2  # the others wait more, so fewer compute beside the rank
+    assert S.pipeline(LLAMA, plan, cluster, mbt, 0.5)[0] == exact(3 * (3.5 * k3 + 0.875))
+    # a caller's rate is used as given
+    assert S.pipeline(LLAMA, plan, cluster, mbt, 0.0, 0.5)[0] == exact(3 * (3.5 * 0.5 + 0.375))
     # one stage (no pipeline): nothing is lent
     flat = plan.replace(pp=1)
     assert S.pipeline_rate(flat, cluster, mbt, 0.0) == 1.0
+    # context parallel ranks compute and wait together, as tp's do: pp 2 x cp 2 on the 4
+    # workers is one other group of 2 (m 1, fill 1)
+    cp = ParallelPlan(dp=1, tp=1, pp=2, cp=2, micro_batch=1, global_batch=1, seq_len=8,
+                      dtype="fp32")
+    assert S.pipeline_rate(cp, cluster, mbt, 0.0) == exact(
+        S.pipeline_sharing(cluster, "fp32", 2, 1, 1.0, 3.5, 0.375))
+    assert S.pipeline_rate(cp, cluster, mbt, 0.0) != S.pipeline_sharing(
+        cluster, "fp32", 1, 1, 1.0, 3.5, 0.375)
 
 
 # The step's computation on shared cores runs at the same rate k (m micro-batches of

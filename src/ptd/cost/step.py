@@ -275,9 +275,9 @@ def step_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
                       elementwise, selective, expert_tp)
     cpt = CX.cp_terms(model, plan, cluster, mbt.nl)  # context parallel: whole-sequence attention
     mbt = dataclasses.replace(mbt, f=mbt.f + cpt.attn_forward, b=mbt.b + cpt.attn_backward)
-    bubble, pp_comm = pipeline(model, plan, cluster, mbt, cpt.comm_exposed)
     # a pipeline on shared cores computes faster than priced while others wait (1 elsewhere)
     k = pipeline_rate(plan, cluster, mbt, cpt.comm_exposed)
+    bubble, pp_comm = pipeline(model, plan, cluster, mbt, cpt.comm_exposed, k)
     net = _net(cluster, plan, "grad" if plan.cp > 1 else "dp")
     dp = DP.dp_terms(model, plan, cluster, mbt, _group(plan, cluster, "dp"),
                      lambda kind, nbytes, n, _hw, nodes, per: _coll(kind, nbytes, n, net, nodes, per),
@@ -463,8 +463,9 @@ def pipeline_rate(plan: ParallelPlan, cluster: ClusterSpec, mbt: MicroBatch,
 
 
 def pipeline(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: MicroBatch,
-             cp_exposed: float) -> tuple[float, float]:
-    """(bubble, point-to-point time) of the pipeline; (0, 0) without one."""
+             cp_exposed: float, rate: float | None = None) -> tuple[float, float]:
+    """(bubble, point-to-point time) of the pipeline; (0, 0) without one. ``rate``: the
+    :func:`pipeline_rate` the caller has (computed here where not given)."""
     p, v, m = plan.pp, plan.stages_per_rank, plan.n_microbatches
     if p <= 1:
         return 0.0, 0.0
@@ -473,7 +474,7 @@ def pipeline(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, mbt: Mi
     # Workers that share compute units (a CPU with more workers than cores) lend their
     # share to the busy ones while they wait: the rank computes k of its priced time, in
     # the fill's slots as in its own (step_time scales the computation by the same k)
-    k = pipeline_rate(plan, cluster, mbt, cp_exposed)
+    k = pipeline_rate(plan, cluster, mbt, cp_exposed) if rate is None else rate
     bubble = fill * ((f + b + rc) * k + tf + tb + cp_exposed)
     # Each receive the schedule waits on follows a chunk of computation, so where the
     # calibrated blocking wait applies (shared cores; 0 on GPUs) the stage waits beyond

@@ -114,7 +114,9 @@ def test_step_time_computes_a_shared_core_pipeline_at_its_rate(monkeypatch):
     plan = ParallelPlan(dp=1, tp=1, pp=4, micro_batch=1, global_batch=2, seq_len=8, dtype="fp32")
     cluster = ClusterSpec(SHARED, 4, 4)
     k = S.pipeline_rate(plan, cluster, mbt, 0.0)
-    assert k < 1
+    # m 2, fill 3: each other rank computes with P = 2/5; X ~ Binomial(3, 2/5) of them:
+    # 27/125, 54/125, 36/125, 8/125 at ratios 0.3, 0.375, 30 (2/30 + 1/80) / 3, 1
+    assert k == exact((27 * 0.3 + 54 * 0.375 + 36 * (30 * (2 / 30 + 1 / 80) / 3) + 8) / 125)
     st = S.step_time(LLAMA, plan, cluster)
     assert st.compute == exact(2 * 3.5 * k)
     assert (st.forward, st.backward, st.recompute) == (exact(2 * 1.0 * k), exact(2 * 2.0 * k),

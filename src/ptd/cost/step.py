@@ -179,13 +179,14 @@ def pipeline_sharing(cluster: ClusterSpec, dtype: str, group: int, m: int, fill:
     if shared_rate_ratio(cluster, dtype, group) >= 1.0:
         return 1.0
     others = max(0, w // group - 1)
+    # the ratio with x other groups computing (fixed; only their probability moves with k)
+    ratio = [shared_rate_ratio(cluster, dtype, min(w, group * (1 + x))) for x in range(others + 1)]
     k = 1.0
     for _ in range(200):
         busy_time = compute * k
         u = busy_time / (busy_time + waiting) if busy_time + waiting > 0 else 1.0
         p = u * m / (m + fill) if m + fill > 0 else 1.0
-        new = sum(math.comb(others, x) * p ** x * (1 - p) ** (others - x)
-                  * shared_rate_ratio(cluster, dtype, min(w, group * (1 + x)))
+        new = sum(math.comb(others, x) * p ** x * (1 - p) ** (others - x) * ratio[x]
                   for x in range(others + 1))
         if abs(new - k) < 1e-12:
             return new
@@ -202,8 +203,8 @@ def _shared_time(hw: HardwareSpec, dtype: str, n: int) -> float:
     ``n = q N + e`` workers, ``e`` cores hold ``q + 1`` of them and the others ``q``, and a
     worker runs at the per-worker rate of as many workers to every core as share its own,
     ``R_{L N}`` (measured, or beyond the table as the model prices any worker count:
-    :meth:`~ptd.specs.HardwareSpec.gemm_rate`). Not fluid processor
-    sharing, which would give each of them ``N R_N / n``: three workers computing on two
+    :meth:`~ptd.specs.HardwareSpec.gemm_rate`). Not fluid processor sharing, which would
+    give each of them ``N R_N / n``: three workers computing on two
     cores measured one of them at 1.93x its time alone, not 1.5x (docs/measuring.md,
     twenty-fifth session). With ``n <= N`` each has a core: ``R_n``."""
     table = hw.gemm_flops_measured.get(dtype, {})

@@ -18,8 +18,9 @@ import pytest
 
 from helpers import alone
 from ptd.runtime.calibrate.fit import fit_linear
-from ptd.runtime.calibrate.profile import attention_flops, profile_table, summarize
-from ptd.runtime.calibrate.workers import make_plan, stage_labels
+from ptd.runtime.calibrate.profile import (attention_flops, moments_mean, profile_table,
+                                           summarize)
+from ptd.runtime.calibrate.workers import make_plan, memory_rounds, stage_labels
 from ptd.specs import get_hardware_preset, get_preset, load_hardware
 from ptd.specs.hardware import hardware_from_dict
 
@@ -130,6 +131,32 @@ def test_profile_from_timings_loads_and_carries_the_fits():
     assert "eager_bandwidth_fraction" not in old
 
 
+def test_memory_is_priced_at_the_mean_of_its_moments_seconds():
+    """Two moments: the copy (2 buffers of 2^20 bytes) at 1 s and 3 s, the add (3 buffers)
+    at 2 s and 4 s. Each pass's seconds averaged: copy 2 s (1 MiB/s), add 3 s (1 MiB/s),
+    kept 1 MiB/s -- the bandwidths' mean would keep (2 + 2/3)/2 and (1.5 + 0.75)/2 MiB/s.
+    Each moment's own bandwidth, for the table: (2 + 1.5)/2 and (2/3 + 0.75)/2 MiB/s."""
+    pts = [{"copy": 1.0, "add": 2.0}, {"copy": 3.0, "add": 4.0}]
+    assert moments_mean(pts) == {"copy": 2.0, "add": 3.0}
+    plan, res = _synthetic(workers=(1,))
+    res[0]["compute"]["1"].update(memory=moments_mean(pts), memory_points=pts)
+    mem = summarize(plan, res)["memory"][1]
+    assert mem["value"] == pytest.approx(2**20, rel=1e-12)
+    assert mem["moments"] == pytest.approx([1.75 * 2**20, (2 / 3 + 0.75) / 2 * 2**20], rel=1e-12)
+
+
+def test_memory_is_timed_after_each_worker_count_and_at_the_end():
+    plan = make_plan([1, 2, 4], ["fp32"], True, "cpu")
+    assert memory_rounds(plan) == 4
+    labels = stage_labels(plan)
+    mem = [i for i, x in enumerate(labels) if x.startswith("memory ")]
+    assert [labels[i] for i in mem] == ["memory 1/4", "memory 2/4", "memory 3/4", "memory 4/4"]
+    # each after its worker count's last stage; the last after the last collective
+    assert labels[mem[0] + 1] == "matmul fp32 x2" and labels[mem[1] + 1] == "matmul fp32 x4"
+    assert labels[mem[2] - 1] == "attention fp32 x4" and labels[mem[2] + 1].startswith("all_")
+    assert mem[3] == len(labels) - 1 and labels[mem[3] - 1].startswith("blocking")
+
+
 def test_a_cpu_profile_records_its_logical_cpus(monkeypatch):
     # the run queues its workers share (ptd.cost.step._shared_time); a GPU's profile has none
     import ptd.runtime.calibrate.profile as prof
@@ -186,6 +213,45 @@ def test_shape_sweep_is_stored_relative_to_the_fitted_rate():
     hw = hardware_from_dict(profile_table(s, get_hardware_preset("cpu"), "synth", "cpu", None,
                                           "test"), "synth")
     assert hw.gemm_shapes_measured == {"fp32": {"64x32x64": pytest.approx(0.5, rel=1e-6)}}
+
+
+def test_the_sweep_spans_twice_the_largest_cache(tmp_path):
+    from ptd.runtime.calibrate import bench
+    for i, size in enumerate(("48K", "32K", "1024K", "32768K")):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+    assert bench.cold_bytes(str(tmp_path)) == 2 * 32 * 2**20
+    assert bench.cold_bytes(str(tmp_path / "none")) == bench.COLD_DEFAULT
+    # a linear layer 2048 x 704 x 256, fp32: x 2048x256, w 704x256, dy 2048x704 and three
+    # outputs of those shapes, 2 x 4 x (524288 + 180224 + 1441792) = 17170432 bytes a set;
+    # 64 MiB / 17170432 = 3.9: 4 sets. A set larger than the span: one.
+    assert bench.rotation(2048, 704, 256, "fp32", 64 * 2**20) == 4
+    assert bench.rotation(2048, 704, 256, "bf16", 64 * 2**20) == 8
+    assert bench.rotation(4096, 4096, 4096, "fp32", 64 * 2**20) == 1
+
+
+def test_each_timed_step_takes_the_next_set_of_buffers(monkeypatch):
+    """The sweep's products write their outputs into buffers of the set whose turn it is,
+    every set in turn (not one warm set over and over)."""
+    import torch
+
+    from ptd.runtime.calibrate import bench
+    real, outs = torch.mm, []
+
+    def mm(a, b, out=None):
+        if out is not None and a.shape[0] == 16:  # the sweep's 16 x 8 x 4 calls
+            outs.append(out.data_ptr())
+        return real(a, b, out=out) if out is not None else real(a, b)
+    monkeypatch.setattr(torch, "mm", mm)
+    monkeypatch.setattr(bench, "cold_bytes", lambda: 5 * bench.rotation(16, 8, 4, "fp32", 1)
+                        * 2 * 4 * (16 * 4 + 8 * 4 + 16 * 8))  # five sets exactly
+    plan = {"gemm_shapes": [(16, 8, 4)], "window_s": 0.001, "repeats": 1, "max_call_s": 1.0}
+    sync = bench.Sync(1, 0, None, None, None, lambda: None, 10.0)
+    res, _ = bench.gemm_shapes(plan, "fp32", torch.device("cpu"), sync, 8)
+    assert set(res) == {"16x8x4"}
+    forward = outs[::2]  # (forward, then the input gradient: both m rows)
+    assert len(set(forward)) == 5 and len(forward) > 10
+    assert forward[:10] == forward[:5] * 2  # in turn
 
 
 def test_attention_shapes_are_stored_relative_to_the_fitted_rate():
@@ -294,6 +360,9 @@ def test_quick_calibration_writes_a_profile_that_loads(calibrated, monkeypatch):
     for dt in ("fp32", "bf16"):
         assert set(hw.gemm_flops_measured[dt]) == {1, 2}
     assert set(hw.memory_bandwidth_measured) == {1, 2} == set(hw.op_overhead_measured)
+    # memory timed at three moments (after each worker count, at the end), each kept
+    assert [len(raw["summary"]["memory"][n]["moments"]) for n in ("1", "2")] == [3, 3]
+    assert "memory 1/3" in err and "memory 3/3" in err
     # an operator priced at what ptd's own model's operators cost, measured beside the bare ones
     ov = raw["summary"]["overhead"]
     assert {int(n): v["model"] for n, v in ov.items()} == hw.op_overhead_measured
@@ -392,6 +461,26 @@ def test_a_full_calibration_reads_memory_from_one_process_too(calibrated, ptd_cl
     assert "memory from this one process right after:" in text and "(0.50x the one-worker" in text
     raw = json.loads((tmp_path / "hardware" / "full.json").read_text())
     assert raw["meta"]["memory_one_process"] == 0.5 * kept
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(180)
+def test_a_calibration_names_a_worker_count_whose_bandwidth_moved(calibrated, ptd_cli,
+                                                                    monkeypatch, tmp_path):
+    import ptd.runtime.calibrate as C
+    _, out, _ = calibrated
+    result = {k: out[k] for k in ("hardware", "meta", "summary")} | {"plan": {}}
+    for c in result["summary"]["collectives"]:
+        c["times"] = {int(b): t for b, t in c["times"].items()}
+    result["summary"]["memory"]["1"]["moments"] = [40e9, 45e9, 42e9]  # 1.125x: not named
+    result["summary"]["memory"]["2"]["moments"] = [41e9, 21e9, 23e9]  # 41/21 = 1.95x
+    monkeypatch.setattr(C, "calibrate", lambda *a, **k: copy.deepcopy(result))
+    monkeypatch.setenv("PTD_HOME", str(tmp_path))
+    rc, text, err = ptd_cli("calibrate", "--workers", "1,2", "--quick", "--name", "moved")
+    assert rc == 0, err
+    assert "memory bandwidth with 2 worker(s) moved 1.95x during the calibration" in text
+    assert "with 1 worker(s) moved" not in text
+    assert "21 GB/s..41 GB/s" in text  # the moments column: lowest..highest
 
 
 @pytest.mark.dist

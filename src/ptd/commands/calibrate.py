@@ -32,6 +32,10 @@ from .args import emit_json, path_arg, positive_int, positive_ints
 from ..errors import PtdError
 from ..fmt import duration, si, table
 
+MODE_SPREAD = 1.25
+"""A worker count whose memory bandwidth moved more than this between the calibration's
+moments is named (the 2-core VM of docs/calibration.md: 1.9x with 2 workers)."""
+
 HELP = "measure this machine (matmul, memory, overhead, attention, collectives) into a profile"
 MAX_WORKERS = 8
 CALIBRATED_DTYPES = ("fp32", "bf16", "fp16")
@@ -222,15 +226,24 @@ def render(result: dict, path: Path) -> str:
                   "rate each product of the cost model takes, relative to R",
                   table(rows, header=("shape", "rate", "/ R"), align="lrr")]
     rows = [(n, si(m["copy"], "B/s"), si(m["add"], "B/s"), si(m["value"], "B/s"),
+             f"{si(min(m['moments']), 'B/s')}..{si(max(m['moments']), 'B/s')}"
+             if m.get("moments") else "-",
              si(m["activation"], "B/s") if "activation" in m else "-",
              *([duration(s["overhead"][n][k]) if k in s["overhead"][n] else "-"
                 for k in ("add", "view", "add_autograd", "model", "value")]
                if n in s["overhead"] else ["-"] * 5))
             for n, m in s["memory"].items()]
     lines += ["", "memory bandwidth and operator overhead per worker, N at once (op in model: "
-              "ptd's model forward and backward at 8 tokens, per operator)",
-              table(rows, header=("N", "copy", "add", "kept", "SiLU fwd+bwd", "op add",
-                                  "op view", "op add+grad", "op in model", "kept"))]
+              "ptd's model forward and backward at 8 tokens, per operator; moments: the "
+              "bandwidth at each moment it was timed, the kept figure their time's mean)",
+              table(rows, header=("N", "copy", "add", "kept", "moments", "SiLU fwd+bwd",
+                                  "op add", "op view", "op add+grad", "op in model", "kept"))]
+    moved = [(n, m["moments"]) for n, m in s["memory"].items()
+             if m.get("moments") and max(m["moments"]) > MODE_SPREAD * min(m["moments"])]
+    for n, pts in moved:
+        lines.append(f"memory bandwidth with {n} worker(s) moved {max(pts) / min(pts):.2f}x "
+                     "during the calibration: runs here will vary as much (a shared "
+                     "machine's modes; docs/calibration.md)")
     one = meta.get("memory_one_process")
     if one and s["memory"]:
         kept = s["memory"][min(s["memory"], key=int)]["value"]

@@ -116,6 +116,15 @@ def _memory(nel: int, device: torch.device, sync: Sync, T: float, rep: int) -> d
             "activation": sync.time(activation, T, rep)}
 
 
+def memory_point(plan: dict, device: torch.device, sync: Sync) -> dict[str, float]:
+    """One moment's :func:`_memory` seconds on one of ``sync.n`` workers, in windows of half
+    the plan's. ``ptd calibrate`` takes one at several moments and prices their mean: on a
+    2-core VM (2026-11-29, docs/data/epyc2-2026-11-29f/) two workers copied at 21 or at 41
+    GB/s each, one mode for tens of seconds to minutes, the matmul rate unmoved; a run
+    meets both, a single moment one."""
+    return _memory(plan["mem_bytes"] // 4, device, sync, plan["window_s"] / 2, plan["repeats"])
+
+
 def model_op_cost(fields: dict, sync: Sync, T: float, rep: int) -> float:
     """Seconds per operator of ptd's own model (``fields``: :func:`.workers.op_model`, widths
     too small for the work to count): one sequence of 8 tokens forward, loss and backward,
@@ -496,7 +505,8 @@ def moe_layer_times(fields: dict, dtypes: list[str], sync: Sync, T: float, rep: 
 
 def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
                   tick: Callable[[str], None]) -> dict:
-    """Matmul, memory, operator-overhead and attention timings on one of ``n`` workers."""
+    """Matmul, operator-overhead and attention timings on one of ``n`` workers (memory:
+    :func:`memory_point`, at several moments of the calibration)."""
     T, rep = plan["window_s"], plan["repeats"]
     out: dict[str, Any] = {"gemm": {}, "attention": {}}
     if n == plan["workers"][0] and plan.get("warmup_s"):
@@ -519,9 +529,6 @@ def compute_suite(n: int, plan: dict, device: torch.device, sync: Sync,
             out["gemm_shapes"][dt], out["gemm_shapes_ref"][dt] = gemm_shapes(plan, dt, device,
                                                                              sync, ref)
             tick(f"matmul shapes {dt}")
-
-    out["memory"] = _memory(plan["mem_bytes"] // 4, device, sync, T, rep)
-    tick(f"memory x{n}")
 
     if device.type == "cpu":
         one, two = torch.ones(1), torch.ones(1)
@@ -583,6 +590,43 @@ def attention_times(shapes: list, dt: str, device: torch.device, sync: Sync, pla
     return res
 
 
+COLD_DEFAULT = 64 * 2**20
+"""Bytes a shape's rotation spans where the machine does not say its caches' sizes."""
+
+
+def cold_bytes(caches: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """Bytes of operands a CPU's shape sweep rotates over: twice the largest cache Linux
+    lists for CPU 0 (a 2-core EPYC VM: 32 MiB of L3), else :data:`COLD_DEFAULT`. A model's
+    products read weights and activations and write outputs that the operators between
+    them have evicted; the same product timed over and over on one set of buffers finds
+    them in the cache. Measured (2026-11-29, docs/data/epyc2-2026-11-29f/in_model.py): the
+    ``small`` model's products inside a training step took 1.08x their time on warm
+    buffers, 1.01x on buffers rotated over 96 MB -- outputs included (rotating only the
+    inputs left 1.03-1.04x: a wide output written to memory not in the cache costs most)."""
+    from pathlib import Path
+    sizes = []
+    for f in Path(caches).glob("index*/size"):
+        with contextlib.suppress(OSError, ValueError):
+            t = f.read_text().strip()
+            sizes.append(int(t[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[t[-1]]
+                         if t[-1] in "KMG" else int(t))
+    return 2 * max(sizes) if sizes else COLD_DEFAULT
+
+
+def rotation(m: int, n: int, k: int, dt: str, cold: int) -> int:
+    """Sets of a linear layer's buffers (:func:`_linear_set`) a shape's timing rotates over
+    so that together they span ``cold`` bytes: at least one."""
+    per = DTYPES[dt].itemsize * 2 * (m * k + n * k + m * n)
+    return max(1, -(-cold // per))
+
+
+def _linear_set(m: int, n: int, k: int, dt: str, device: torch.device) -> tuple:
+    """A linear layer's training-step buffers for the forward product ``(m, n, k)``: input
+    ``x``, weight ``w``, output gradient ``dy`` and the three products' outputs."""
+    x, w, dy = (torch.randn(*s, device=device).to(DTYPES[dt]) for s in ((m, k), (n, k), (m, n)))
+    return x, w, dy, torch.empty_like(dy), torch.empty_like(x), torch.empty_like(w)
+
+
 def gemm_shapes(plan: dict, dt: str, device: torch.device, sync: Sync, ref: int
                 ) -> tuple[dict[str, float], dict[str, float]]:
     """Seconds per linear-layer training step for each shape of the sweep, smallest first,
@@ -593,7 +637,9 @@ def gemm_shapes(plan: dict, dt: str, device: torch.device, sync: Sync, ref: int
     A shape ``(m, n, k)`` is timed as the step runs a linear layer of that forward product:
     ``X W^T`` (``m x k`` by ``(n x k)^T``), the input gradient ``dY W`` and the weight
     gradient ``dY^T X`` -- the layouts of the fit's square calls, and the cost model prices
-    a backward at twice its forward at one rate. The reference lets the profile compare
+    a backward at twice its forward at one rate. On a CPU each call takes the next of sets
+    of buffers that together span twice the largest cache (:func:`cold_bytes`), as a
+    model's products find their operands. The reference lets the profile compare
     each shape with the fit measured at another moment: a shared or virtual machine's
     rate drifts between stages (a 16-core Xeon VM, 2026-11-27: its first stage, the fit,
     at 106 GFLOP/s, the sweep seconds later at 143-162 for the same kinds of products)."""
@@ -602,16 +648,20 @@ def gemm_shapes(plan: dict, dt: str, device: torch.device, sync: Sync, ref: int
     c = torch.empty(ref, ref, device=device, dtype=DTYPES[dt])
     before = sync.time(lambda: _three_layouts(a, b, c), plan["window_s"], plan["repeats"])
     res: dict[str, float] = {}
+    cold = cold_bytes() if device.type == "cpu" else 0
     for m, n, k in plan["gemm_shapes"]:
-        x = torch.randn(m, k, device=device).to(DTYPES[dt])
-        w = torch.randn(n, k, device=device).to(DTYPES[dt])
-        dy = torch.randn(m, n, device=device).to(DTYPES[dt])
+        sets = [_linear_set(m, n, k, dt, device) for _ in range(rotation(m, n, k, dt, cold))]
+        turn = [0]
 
-        def step(x: torch.Tensor = x, w: torch.Tensor = w, dy: torch.Tensor = dy) -> None:
-            torch.mm(x, w.t())  # forward
-            torch.mm(dy, w)  # input gradient
-            torch.mm(dy.t(), x)  # weight gradient
+        def step(sets: list = sets, turn: list = turn) -> None:
+            x, w, dy, y, dx, dw = sets[turn[0] % len(sets)]
+            turn[0] += 1
+            torch.mm(x, w.t(), out=y)  # forward
+            torch.mm(dy, w, out=dx)  # input gradient
+            torch.mm(dy.t(), x, out=dw)  # weight gradient
 
+        for _ in sets:  # every buffer touched once before the clock starts (a first touch
+            step()      # of fresh pages costs a fault each)
         res[f"{m}x{n}x{k}"] = t = sync.time(step, plan["window_s"], plan["repeats"])
         if sync.agree(t / 3 > plan["max_call_s"]):
             break

@@ -51,6 +51,14 @@ def memory_bandwidth(seconds: dict[str, float], nbytes: int) -> float:
     return mean([b * nbytes / seconds[k] for k, b in MEMORY_PASSES.items()])
 
 
+def moments_mean(points: list[dict[str, float]]) -> dict[str, float]:
+    """Each memory pass's seconds at the calibration's moments, averaged: the time a run
+    that meets each moment's machine as often takes -- the mean of the seconds, not of the
+    bandwidths (a pass of B bytes at 1 s and at 3 s prices 2 s, B/2 a second, where the
+    bandwidths' mean would give 2B/3 a second)."""
+    return {k: mean([p[k] for p in points]) for k in points[0]}
+
+
 BLOCKING_SIDE = 256
 """The blocking-wait loop's matmuls are this many squared, fp32 (``bench.blocking_curve``
 times them, :func:`_blocking_curves` prices them at the measured rate)."""
@@ -109,6 +117,10 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
         bw = {k: mean([b * nbytes / p["memory"][k] for p in per])
               for k, b in MEMORY_PASSES.items()}
         memory[n] = dict(bw, value=mean(list(bw.values())))
+        if "memory_points" in per[0]:  # each moment's bandwidth, the ranks' mean
+            memory[n]["moments"] = [mean([memory_bandwidth(p["memory_points"][i], nbytes)
+                                          for p in per])
+                                    for i in range(len(per[0]["memory_points"]))]
         if "activation" in per[0]["memory"]:  # (results of an older ptd have none)
             memory[n]["activation"] = mean([5 * nbytes / p["memory"]["activation"] for p in per])
         if "overhead" in per[0]:

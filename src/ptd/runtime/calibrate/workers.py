@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ...children import die_with_parent, terminate_on_sigterm
-from .profile import BLOCKING_SIDE
+from .profile import BLOCKING_SIDE, moments_mean
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
 KiB, MiB = 2**10, 2**20
@@ -143,19 +143,28 @@ def stage_labels(plan: dict) -> list[str]:
         out += [f"matmul {dt} x{n}" for dt in plan["dtypes"]]
         if plan.get("gemm_shapes") and n == plan["workers"][0]:
             out += [f"matmul shapes {dt}" for dt in plan["dtypes"]]
-        out.append(f"memory x{n}")
         if plan["device"] == "cpu":
             out.append(f"overhead x{n}")
         out += [f"attention {dt} x{n}" for dt in plan["dtypes"]]
         if plan.get("attn_model_shapes") and n == plan["workers"][0]:
             out += [f"attention shapes {dt}" for dt in plan["dtypes"]]
+        out.append(f"memory {plan['workers'].index(n) + 1}/{memory_rounds(plan)}")
     for g in plan["group_sizes"]:
         out += [f"{k} g={g}" for k in plan["kinds"] if k != "send_recv" or g == 2]
         if g == 2 and plan["device"] == "cpu":
             out += ["blocking collectives", "DTensor all-reduce"]
         if g == max(plan["workers"]) and g > 2 and plan["device"] == "cpu":
             out.append(f"blocking collectives g={g}")
+    out.append(f"memory {memory_rounds(plan)}/{memory_rounds(plan)}")
     return out
+
+
+def memory_rounds(plan: dict) -> int:
+    """Moments at which every worker count's memory bandwidth is timed: after each worker
+    count's other stages, and once at the end (after the collectives) -- spread over the
+    calibration, because a shared machine's bandwidth changes mode over tens of seconds
+    (:func:`.bench.memory_point`)."""
+    return len(plan["workers"]) + 1
 
 
 def _worker(rank: int, nproc: int, plan: dict, store: str, barriers: dict, counters: dict,
@@ -174,12 +183,24 @@ def _worker(rank: int, nproc: int, plan: dict, store: str, barriers: dict, count
             torch.cuda.set_device(device)
         tick = (lambda label: q.put(("tick", label))) if rank == 0 else (lambda label: None)
         out: dict[str, Any] = {"compute": {}, "collectives": {}, "missing": {}}
-        for n in plan["workers"]:
+        # one Sync a worker count for the whole run: its window count is shared by its ranks
+        syncs = {n: bench.Sync(n, rank, barriers[n], counters[n], flags[n], sync, timeout,
+                               pause=plan.get("pause_s", 0.0))
+                 for n in plan["workers"] if rank < n}
+        points: dict[int, list[dict[str, float]]] = {n: [] for n in syncs}
+
+        def memory_round(i: int) -> None:
+            for n in plan["workers"]:
+                barriers[nproc].wait(timeout)
+                if rank < n:
+                    points[n].append(bench.memory_point(plan, device, syncs[n]))
+            tick(f"memory {i}/{memory_rounds(plan)}")
+
+        for i, n in enumerate(plan["workers"], 1):
             barriers[nproc].wait(timeout)
             if rank < n:
-                s = bench.Sync(n, rank, barriers[n], counters[n], flags[n], sync, timeout,
-                               pause=plan.get("pause_s", 0.0))
-                out["compute"][str(n)] = bench.compute_suite(n, plan, device, s, tick)
+                out["compute"][str(n)] = bench.compute_suite(n, plan, device, syncs[n], tick)
+            memory_round(i)
         if plan["group_sizes"]:
             barriers[nproc].wait(timeout)
             import datetime
@@ -191,6 +212,10 @@ def _worker(rank: int, nproc: int, plan: dict, store: str, barriers: dict, count
                     rank, nproc, plan, device, barriers[nproc], timeout, tick)
             finally:
                 dist.destroy_process_group()
+        memory_round(memory_rounds(plan))
+        for n, pts in points.items():
+            out["compute"][str(n)]["memory"] = moments_mean(pts)
+            out["compute"][str(n)]["memory_points"] = pts
         q.put(("result", rank, out))
     except BaseException:  # noqa: BLE001 - reported to the parent, which stops the rest
         q.put(("error", rank, traceback.format_exc()))

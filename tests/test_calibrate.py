@@ -247,11 +247,19 @@ def test_each_timed_step_takes_the_next_set_of_buffers(monkeypatch):
                         * 2 * 4 * (16 * 4 + 8 * 4 + 16 * 8))  # five sets exactly
     plan = {"gemm_shapes": [(16, 8, 4)], "window_s": 0.001, "repeats": 1, "max_call_s": 1.0}
     sync = bench.Sync(1, 0, None, None, None, lambda: None, 10.0)
+    timed, before = sync.time, []
+
+    def time_it(fn, *a):  # how many of the sweep's calls ran before its clock started
+        if fn.__defaults__:  # (the sweep's step; the reference's lambda has none)
+            before.append(len(outs) // 2)
+        return timed(fn, *a)
+    sync.time = time_it
     res, _ = bench.gemm_shapes(plan, "fp32", torch.device("cpu"), sync, 8)
     assert set(res) == {"16x8x4"}
     forward = outs[::2]  # (forward, then the input gradient: both m rows)
     assert len(set(forward)) == 5 and len(forward) > 10
     assert forward[:10] == forward[:5] * 2  # in turn
+    assert before == [5]  # every set touched once, untimed, first
 
 
 def test_attention_shapes_are_stored_relative_to_the_fitted_rate():

@@ -1,5 +1,9 @@
-"""In-model product times (profiler, small model, 1 worker, micro-batch 8 x 256) vs the same
-shapes alone, warm (same operands) and cold (operands rotated over > L3)."""
+"""In-model products (profiler, `small`, one process, 2048 tokens) against the same shapes
+alone on one warm set of buffers and on sets rotated over 96 MB, outputs included
+(twenty-sixth session).
+
+    OMP_NUM_THREADS=1 .venv/bin/python docs/data/epyc2-2026-11-29f/in_model.py
+"""
 import torch, time, collections
 from torch.profiler import profile, ProfilerActivity
 from ptd.specs import get_preset

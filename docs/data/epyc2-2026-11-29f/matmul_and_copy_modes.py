@@ -1,4 +1,8 @@
-"""Time series of matmul (512, fp32) and copy with 1, 2 of 2 persistent workers."""
+"""Time series of matmul (512, fp32) and copy with 1 and 2 of 2 persistent workers
+(twenty-sixth session: 40 rounds, the output quoted in docs/measuring.md).
+
+    OMP_NUM_THREADS=1 .venv/bin/python docs/data/epyc2-2026-11-29f/matmul_and_copy_modes.py 40
+"""
 import torch, time, multiprocessing as mp, sys
 def run(rank, q, bar, rounds):
     torch.set_num_threads(1)

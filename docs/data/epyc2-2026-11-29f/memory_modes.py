@@ -1,4 +1,8 @@
-"""Time series of copy bandwidth with 1, 2, 4 of 4 persistent workers active, 0.5 s phases."""
+"""Time series of copy bandwidth with 1, 2, 4 of 4 persistent workers active, 0.5 s phases
+(twenty-sixth session; output in memory_modes.txt).
+
+    OMP_NUM_THREADS=1 .venv/bin/python docs/data/epyc2-2026-11-29f/memory_modes.py 100
+"""
 import torch, time, multiprocessing as mp, sys
 def run(rank, q, bar, nel, secs, rounds):
     torch.set_num_threads(1)

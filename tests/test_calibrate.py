@@ -132,17 +132,19 @@ def test_profile_from_timings_loads_and_carries_the_fits():
 
 
 def test_memory_is_priced_at_the_mean_of_its_moments_seconds():
-    """Two moments: the copy (2 buffers of 2^20 bytes) at 1 s and 3 s, the add (3 buffers)
-    at 2 s and 4 s. Each pass's seconds averaged: copy 2 s (1 MiB/s), add 3 s (1 MiB/s),
-    kept 1 MiB/s -- the bandwidths' mean would keep (2 + 2/3)/2 and (1.5 + 0.75)/2 MiB/s.
-    Each moment's own bandwidth, for the table: (2 + 1.5)/2 and (2/3 + 0.75)/2 MiB/s."""
-    pts = [{"copy": 1.0, "add": 2.0}, {"copy": 3.0, "add": 4.0}]
-    assert moments_mean(pts) == {"copy": 2.0, "add": 3.0}
+    """Three moments: the copy (2 buffers of 2^20 bytes) at 1, 3 and 8 s, the add (3
+    buffers) at 2, 4 and 6 s. Each pass's seconds averaged: copy 4 s (0.5 MiB/s), add 4 s
+    (0.75 MiB/s), kept their mean 0.625 MiB/s -- the bandwidths' mean would keep copy
+    (2 + 2/3 + 1/4)/3 MiB/s, the median of the seconds copy 3 s. Each moment's own
+    bandwidth, for the table: (2 + 1.5)/2, (2/3 + 0.75)/2 and (0.25 + 0.5)/2 MiB/s."""
+    pts = [{"copy": 1.0, "add": 2.0}, {"copy": 3.0, "add": 4.0}, {"copy": 8.0, "add": 6.0}]
+    assert moments_mean(pts) == {"copy": 4.0, "add": 4.0}
     plan, res = _synthetic(workers=(1,))
     res[0]["compute"]["1"].update(memory=moments_mean(pts), memory_points=pts)
     mem = summarize(plan, res)["memory"][1]
-    assert mem["value"] == pytest.approx(2**20, rel=1e-12)
-    assert mem["moments"] == pytest.approx([1.75 * 2**20, (2 / 3 + 0.75) / 2 * 2**20], rel=1e-12)
+    assert mem["value"] == pytest.approx(0.625 * 2**20, rel=1e-12)
+    assert mem["moments"] == pytest.approx([1.75 * 2**20, (2 / 3 + 0.75) / 2 * 2**20,
+                                            0.375 * 2**20], rel=1e-12)
 
 
 def test_memory_is_timed_after_each_worker_count_and_at_the_end():

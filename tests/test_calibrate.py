@@ -230,6 +230,7 @@ def test_the_sweep_spans_twice_the_largest_cache(tmp_path):
     assert bench.rotation(2048, 704, 256, "fp32", 64 * 2**20) == 4
     assert bench.rotation(2048, 704, 256, "bf16", 64 * 2**20) == 8
     assert bench.rotation(4096, 4096, 4096, "fp32", 64 * 2**20) == 1
+    assert bench.rotation(64, 64, 64, "fp32", 0) == 1  # a GPU's sweep: one set, not none
 
 
 def test_each_timed_step_takes_the_next_set_of_buffers(monkeypatch):

@@ -140,7 +140,8 @@ def test_memory_is_priced_at_the_mean_of_its_moments_seconds():
     pts = [{"copy": 1.0, "add": 2.0}, {"copy": 3.0, "add": 4.0}, {"copy": 8.0, "add": 6.0}]
     assert moments_mean(pts) == {"copy": 4.0, "add": 4.0}
     plan, res = _synthetic(workers=(1,))
-    res[0]["compute"]["1"].update(memory=moments_mean(pts), memory_points=pts)
+    del res[0]["compute"]["1"]["memory"]  # (a calibration now keeps only the moments)
+    res[0]["compute"]["1"]["memory_points"] = pts
     mem = summarize(plan, res)["memory"][1]
     assert mem["value"] == pytest.approx(0.625 * 2**20, rel=1e-12)
     assert mem["moments"] == pytest.approx([1.75 * 2**20, (2 / 3 + 0.75) / 2 * 2**20,

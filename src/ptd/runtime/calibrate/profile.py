@@ -114,15 +114,18 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
                 att[shape] = {"flops_per_s": r, "ratio": r / rate}
             attention.setdefault(dt, {})[n] = att
         nbytes = plan["mem_bytes"] // 4 * 4
-        bw = {k: mean([b * nbytes / p["memory"][k] for p in per])
-              for k, b in MEMORY_PASSES.items()}
+        # each pass's seconds: the moments' mean (timings of a ptd before 2026-11-29 timed
+        # memory once, as "memory")
+        secs = [moments_mean(p["memory_points"]) if "memory_points" in p else p["memory"]
+                for p in per]
+        bw = {k: mean([b * nbytes / t[k] for t in secs]) for k, b in MEMORY_PASSES.items()}
         memory[n] = dict(bw, value=mean(list(bw.values())))
         if "memory_points" in per[0]:  # each moment's bandwidth, the ranks' mean
             memory[n]["moments"] = [mean([memory_bandwidth(p["memory_points"][i], nbytes)
                                           for p in per])
                                     for i in range(len(per[0]["memory_points"]))]
-        if "activation" in per[0]["memory"]:  # (results of an older ptd have none)
-            memory[n]["activation"] = mean([5 * nbytes / p["memory"]["activation"] for p in per])
+        if "activation" in secs[0]:  # (results of an older ptd have none)
+            memory[n]["activation"] = mean([5 * nbytes / t["activation"] for t in secs])
         if "overhead" in per[0]:
             ov = {k: mean([p["overhead"][k] for p in per]) for k in per[0]["overhead"]}
             # ptd's own model's operators where measured (the bare operators' mean priced

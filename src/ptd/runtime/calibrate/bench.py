@@ -10,6 +10,7 @@ training run where every rank sits in some group.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import statistics
 import time
@@ -651,11 +652,9 @@ def gemm_shapes(plan: dict, dt: str, device: torch.device, sync: Sync, ref: int
     cold = cold_bytes() if device.type == "cpu" else 0
     for m, n, k in plan["gemm_shapes"]:
         sets = [_linear_set(m, n, k, dt, device) for _ in range(rotation(m, n, k, dt, cold))]
-        turn = [0]
 
-        def step(sets: list = sets, turn: list = turn) -> None:
-            x, w, dy, y, dx, dw = sets[turn[0] % len(sets)]
-            turn[0] += 1
+        def step(turn: Callable[[], tuple] = itertools.cycle(sets).__next__) -> None:
+            x, w, dy, y, dx, dw = turn()
             torch.mm(x, w.t(), out=y)  # forward
             torch.mm(dy, w, out=dx)  # input gradient
             torch.mm(dy.t(), x, out=dw)  # weight gradient

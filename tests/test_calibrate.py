@@ -247,8 +247,8 @@ def test_each_timed_step_takes_the_next_set_of_buffers(monkeypatch):
             outs.append(out.data_ptr())
         return real(a, b, out=out) if out is not None else real(a, b)
     monkeypatch.setattr(torch, "mm", mm)
-    monkeypatch.setattr(bench, "cold_bytes", lambda: 5 * bench.rotation(16, 8, 4, "fp32", 1)
-                        * 2 * 4 * (16 * 4 + 8 * 4 + 16 * 8))  # five sets exactly
+    # a set: x 16x4, w 8x4, dy 16x8 and outputs of those shapes, 4 bytes each: five sets
+    monkeypatch.setattr(bench, "cold_bytes", lambda: 5 * 2 * 4 * (16 * 4 + 8 * 4 + 16 * 8))
     plan = {"gemm_shapes": [(16, 8, 4)], "window_s": 0.001, "repeats": 1, "max_call_s": 1.0}
     sync = bench.Sync(1, 0, None, None, None, lambda: None, 10.0)
     timed, before = sync.time, []

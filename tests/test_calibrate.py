@@ -7,6 +7,7 @@ model reads the profile.
 
 import copy
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -705,18 +706,22 @@ def test_moe_layer_times_time_the_layer_at_each_token_count():
 
 def _fake_share_run(times, fields=None):
     """``model_dtensor_share`` on ``fields`` (default the tiny preset's architecture) with
-    its four timings (the DTensor model then the plain one at 64 tokens, the same at 1024)
-    taken from ``times``; the models are built for real."""
+    its timings taken from ``times``: at 64 tokens then at 1024, either one pair (DTensor
+    model, plain model) repeated over every pair of windows, or a list of pairs, one a pair
+    of windows; the models are built for real."""
     import torch.distributed as dist
 
     from ptd.runtime.calibrate import bench
     from ptd.runtime.calibrate.workers import op_model
+    if not isinstance(times[0], list):
+        times = [[tuple(times[:2])], [tuple(times[2:])]]
     it, windows = iter(times), []
 
     class FakeSync:
-        def time(self, fn, seconds, repeats):
+        def pairs(self, a, b, seconds, repeats):
             windows.append(repeats)
-            return next(it)
+            got = next(it)
+            return got * repeats if len(got) == 1 else got
     made = not dist.is_initialized()
     if made:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -725,7 +730,7 @@ def _fake_share_run(times, fields=None):
     finally:
         if made:
             dist.destroy_process_group()
-    assert windows == [7, 7, 7, 7]  # at least seven windows each, whatever the stage's
+    assert windows == [7, 7]  # at least seven pairs of windows each, whatever the stage's
     return got
 
 
@@ -737,6 +742,29 @@ def test_dtensor_share_is_the_extras_growth_over_the_works():
     # measured where the plain model did not grow
     assert _fake_share_run([0.030, 0.020, 0.205, 0.200]) == 0.0
     assert _fake_share_run([0.030, 0.020, 0.060, 0.020]) == 0.0
+
+
+def test_dtensor_share_takes_the_median_pair_not_each_models_fastest_window():
+    # seven pairs of windows (tp s, plain s) at each size.
+    # 64 tokens: differences 10 ms (x5), 4, 18 -> median 10; plain 20 (x5), 21, 22 -> 20.
+    # 1024: differences 60, 40, 80, 100, 40, 100, 40 -> median 60; plain 200 (x3), 210
+    # (x3), 220 -> 210. Share (60 - 10) / (210 - 20) = 50 / 190. Each model's fastest
+    # window would read ((250 - 200) - (25 - 20)) / (200 - 20) = 45 / 180.
+    small = [(0.030, 0.020), (0.025, 0.021), (0.040, 0.022)] + [(0.030, 0.020)] * 4
+    large = [(0.26, 0.20), (0.25, 0.21), (0.30, 0.22)] + [(0.30, 0.20), (0.25, 0.21)] * 2
+    assert _fake_share_run([small, large]) == pytest.approx((0.060 - 0.010) / (0.210 - 0.020),
+                                                           rel=1e-9)
+
+
+def test_sync_pairs_alternate_the_two_windows():
+    from ptd.runtime.calibrate.bench import Sync
+    calls = []
+    sync = Sync(1, 0, None, None, None, lambda: None, 60.0)
+    got = sync.pairs(lambda: calls.append("a"), lambda: calls.append("b"), 0.002, 3)
+    assert len(got) == 3 and all(a > 0 and b > 0 for a, b in got)
+    runs = [k for k, _ in itertools.groupby(calls)]
+    # warm-up a twice (its batch estimate), b twice, then three windows of a, b alternated
+    assert runs == ["a", "b"] * 4
 
 
 def test_dtensor_share_is_measured_on_a_dense_model_at_fixed_widths(monkeypatch):
@@ -773,3 +801,41 @@ def test_overheads_keep_a_share_as_measured():
     hw = hardware_from_dict(table, "synth")
     assert hw.overheads_measured["dtensor_op"] == {1: 3e-5, 2: 1e-9}
     assert hw.overheads_measured["dtensor_compute_share"] == {1: 1.6e-10, 2: 0.0}
+
+
+def test_dtensor_reduce_times_the_one_rank_calls_back_to_back(monkeypatch):
+    # Right after a collective a one-rank reduction took 3-7x its back-to-back time (2 MiB,
+    # two workers); the one-rank figure stands for what the dtensor_op stage prices, which
+    # runs them back to back. So after the warm-up: each round a plain all-reduce then the
+    # pair's DTensor reduction, and only then the one-rank ones, all together.
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from ptd.runtime.calibrate import bench
+    made = not dist.is_initialized()
+    if made:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        one_pg = dist.new_group([0])
+        log, real_ar, real_re = [], dist.all_reduce, DTensor.redistribute
+
+        def all_reduce(*a, **k):
+            log.append("plain")
+            return real_ar(*a, **k)
+
+        def redistribute(self, mesh, *a, **k):
+            log.append("one" if mesh.get_group() is one_pg else "pair")
+            return real_re(self, mesh, *a, **k)
+        monkeypatch.setattr(dist, "all_reduce", all_reduce)
+        monkeypatch.setattr(DTensor, "redistribute", redistribute)
+
+        class Barrier:
+            def wait(self, timeout):
+                pass
+        out = bench.dtensor_reduce_curve(0, 1, None, one_pg, Barrier(), 10.0, [4096], 4)
+    finally:
+        if made:
+            dist.destroy_process_group()
+    assert log == ["plain", "pair", "one"] * 3 + ["plain", "pair"] * 4 + ["one"] * 4
+    plain, dt, one, extra = out["4096"]
+    assert min(plain, dt, one) > 0

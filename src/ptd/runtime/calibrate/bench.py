@@ -93,6 +93,26 @@ class Sync:
             return sum(per_call) / len(per_call)
         return min(per_call)
 
+    def pairs(self, a: Callable[[], Any], b: Callable[[], Any], seconds: float,
+              repeats: int) -> list[tuple[float, float]]:
+        """Seconds per call of ``a`` and of ``b`` in ``repeats`` pairs of windows, ``a``'s
+        then ``b``'s, alternated (after a warm-up call of each). For a difference of two
+        timings: the pair's windows meet the same state of the machine, where
+        :meth:`time`'s fastest windows of one and then of the other can come from minutes
+        apart -- and this VM's memory bandwidth holds one of two modes for tens of seconds
+        (docs/data/epyc2-2026-11-29f/memory_modes.txt)."""
+        batches = []
+        for fn in (a, b):
+            fn()
+            self.sync()
+            t = time.perf_counter()
+            fn()
+            self.sync()
+            batches.append(max(1, min(2000, int(seconds / 10 / max(time.perf_counter() - t,
+                                                                  1e-7)))))
+        return [(self.window(a, seconds, batches[0]), self.window(b, seconds, batches[1]))
+                for _ in range(repeats)]
+
 
 def _three_layouts(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
     """The three products of a linear layer's training step, as many FLOPs each: forward
@@ -217,7 +237,10 @@ def model_dtensor_share(fields: dict, sync: Sync, T: float, rep: int) -> float:
     layers, vocabulary 256), whole (embedding, blocks, output layer with the loss), forward and
     backward, with tensor parallelism on a one-rank mesh and without, at the two token
     counts of :data:`DTENSOR_SHARE_TOKENS`: the growth of tp's extra time between them over
-    the growth of the plain model's time, not below 0. The operators on DTensors are the same
+    the growth of the plain model's time, not below 0. Each extra is the median over pairs
+    of windows, tp's then the plain model's (:meth:`Sync.pairs`): the fastest window of each
+    timed apart read ~4% on the 2-core EPYC where the pairs' median read 8% (3.5-11.9, six
+    runs, 2026-11-29; docs/measuring.md "Twenty-fourth session"). The operators on DTensors are the same
     at both sizes, so their fixed cost cancels. Why a share of the work: on a 2-core EPYC
     (2026-11-29, docs/measuring.md "Twenty-fourth session") the small model's extra grew
     from 12 ms at 8 tokens to 37-54 at 2,048 (two plain models: -1 to +3 ms) with the same
@@ -254,6 +277,7 @@ def model_dtensor_share(fields: dict, sync: Sync, T: float, rep: int) -> float:
     windows = max(rep, DTENSOR_SHARE_WINDOWS)
 
     def times(tokens: int) -> tuple[float, float]:
+        """(tp's extra, the plain model's time): medians over the pairs of windows."""
         x = torch.randint(0, spec.vocab_size, (1, tokens), generator=gen)
 
         def once(model: torch.nn.Module, ctx: Callable[[], Any]) -> None:
@@ -261,12 +285,14 @@ def model_dtensor_share(fields: dict, sync: Sync, T: float, rep: int) -> float:
                 lm_loss_sum(model(x), x).backward()
             for p in model.parameters():
                 p.grad = None
-        return (sync.time(lambda: once(tp, loss_parallel), T, windows),
-                sync.time(lambda: once(plain, contextlib.nullcontext), T, windows))
-    tp_s, plain_s = times(small)
-    tp_l, plain_l = times(large)
+        pairs = sync.pairs(lambda: once(tp, loss_parallel),
+                           lambda: once(plain, contextlib.nullcontext), T, windows)
+        return (statistics.median(a - b for a, b in pairs),
+                statistics.median(b for _, b in pairs))
+    extra_s, plain_s = times(small)
+    extra_l, plain_l = times(large)
     grown = plain_l - plain_s
-    return max(0.0, (tp_l - plain_l) - (tp_s - plain_s)) / grown if grown > 0 else 0.0
+    return max(0.0, extra_l - extra_s) / grown if grown > 0 else 0.0
 
 
 def framework_overheads(sync: Sync, T: float, rep: int, n_tensors: int = 16,
@@ -768,9 +794,10 @@ def dtensor_reduce_curve(rank: int, n_active: int, pg: Any, one_pg: Any, barrier
     one plain ``dist.all_reduce`` then one DTensor reduction of the same buffer, each
     behind a barrier of the pair, and the same DTensor reduction on a one-rank mesh (no
     peer: the part the one-rank ``dtensor_op`` calibration already prices, since its
-    model's reductions take this path too). Returns ``str(bytes) -> [plain s, DTensor s,
-    one-rank s, extra s]`` with extra = median over rounds of (DTensor - plain) less the
-    one-rank median, None on ranks outside the active pairs. Fixed call counts: both peers
+    model's reductions take this path too; timed back to back after the rounds, as that
+    stage times them). Returns ``str(bytes) -> [plain s, DTensor s, one-rank s, extra s]``
+    with extra = median over rounds of (DTensor - plain) less the one-rank median, None on
+    ranks outside the active pairs. Fixed call counts: both peers
     must call equally often. (2026-11-28, 2 cores, pairs: 0.4-0.65 ms more at 64 KiB,
     0.8-1.0 at 2 MiB, 1.5-1.75 at 8 MiB; 0.25-0.32 on one rank.)"""
     from torch.distributed.device_mesh import DeviceMesh
@@ -802,12 +829,17 @@ def dtensor_reduce_curve(rank: int, n_active: int, pg: Any, one_pg: Any, barrier
             t2 = time.perf_counter()
             reduce(mesh)
             t3 = time.perf_counter()
-            reduce(one)
-            t4 = time.perf_counter()
             plain.append(t1 - t0)
             dt.append(t3 - t2)
             diff.append((t3 - t2) - (t1 - t0))
-            alone.append(t4 - t3)
+        # the one-rank reductions back to back, as the dtensor_op stage's model runs them:
+        # right after a collective the same call took 0.14-0.37 ms where back to back it
+        # takes 0.05 (2 MiB, 2 workers, 2026-11-29), and that slowdown belongs to the
+        # reduction on two ranks, which nothing else prices
+        for _ in range(pairs):
+            t0 = time.perf_counter()
+            reduce(one)
+            alone.append(time.perf_counter() - t0)
         one_rank = statistics.median(alone)
         out[str(nbytes)] = [statistics.median(plain), statistics.median(dt), one_rank,
                             statistics.median(diff) - one_rank]

@@ -226,8 +226,10 @@ def model_dtensor_cost(fields: dict, sync: Sync, T: float, rep: int) -> float:
 
 DTENSOR_SHARE_TOKENS = (64, 1024)
 """Tokens of the two steps :func:`model_dtensor_share` times (one sequence each)."""
-DTENSOR_SHARE_WINDOWS = 7
-"""Windows of each of its timings, at least: the share is a few percent of the step."""
+DTENSOR_SHARE_WINDOWS = 15
+"""Pairs of windows at each token count, at least: the share is a few percent of the step.
+Five stages each, one worker, 2-core EPYC (2026-11-29): 7 pairs read 1.6-7.1%, 15 pairs
+3.0-5.8% (3.7 and 6.7 s a stage; docs/data/epyc2-2026-11-29g/share_noise.py)."""
 
 
 def model_dtensor_share(fields: dict, sync: Sync, T: float, rep: int) -> float:

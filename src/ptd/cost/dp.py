@@ -178,8 +178,10 @@ def fsdp_unit_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, n
     release, the gradient reduction's bookkeeping -- at the calibrated cost per unit and
     micro-batch (``overheads_measured["fsdp_unit_forward"]`` and ``_backward``, resharded
     units, for ZeRO-3; ``fsdp_unit_keep_*`` for ZeRO-1/2: ``ptd calibrate`` times both on a
-    one-rank mesh, ``runtime/calibrate/bench.py``; about 0.18 ms forward and 0.30 ms
-    backward a unit on this 2-core CPU). 0 where not calibrated (GPUs, presets: the hooks
+    group of the worker count, less the bare collectives FSDP2 issues, and on a one-rank
+    mesh for one worker, ``runtime/calibrate/bench.py``; on this 2-core CPU about 0.6 ms
+    forward and 0.55 backward a unit with two workers, 0.1 on a one-rank mesh, which
+    issues no collectives and misses the work around them). 0 where not calibrated (GPUs, presets: the hooks
     run on the host while the device works). Units on the heaviest rank: ZeRO-3 one per
     block, ZeRO-1/2 one per ``k`` blocks (:func:`ptd.cost.params.zero12_unit_blocks`),
     plus the root (one per pipeline chunk) and, under ep, each MoE layer's experts. Every

@@ -170,7 +170,8 @@ class HardwareSpec:
     tensor parallelism make them) and ``optimizer_param`` (what each parameter adds to that
     phase, timed on 256 x 256 tensors; it replaces the bytes at the copy bandwidth),
     ``optimizer_param_dtensor`` (the same on DTensor shards), ``fsdp_unit_forward`` / ``_backward`` and ``fsdp_unit_keep_*`` (FSDP2's own work per unit
-    and micro-batch, resharded and kept: ``ptd.cost.dp.fsdp_unit_time``), ``ep_layer_forward``
+    and micro-batch, resharded and kept, on a group of the worker count where there is one:
+    ``ptd.cost.dp.fsdp_unit_time``), ``ep_layer_forward``
     / ``_backward`` (expert parallelism's own work per MoE layer and micro-batch) and
     ``ep_all_to_all_forward`` / ``_backward`` (one rows' all-to-all call's share of it:
     ``ptd.cost.step.ep_layer_overheads``). Absent: 0 for ``dtensor_op``, the FSDP and ep

@@ -377,38 +377,124 @@ def fsdp_unit_costs(mesh: Any, sync: Sync, T: float, rep: int) -> dict[str, floa
     (``AllReduceScatter``); forward and backward timed apart, less the same model without
     FSDP. ``fsdp_unit_*``: resharded after the forward (ZeRO-3);
     ``fsdp_unit_keep_*``: kept (ZeRO-1/2), each backward reducing."""
-    from torch import nn
-    from torch.distributed.fsdp import fully_shard
-
-    from ..parallel.fsdp import AllReduceScatter
-
-    class Model(nn.Module):  # ptd's shape: blocks in ``layers``, the rest in the root
-        def __init__(self) -> None:
-            super().__init__()
-            self.layers = nn.ModuleDict({str(i): nn.Linear(8, 8) for i in range(FSDP_BLOCKS)})
-            self.norm = nn.Parameter(torch.ones(8))
-
-        def forward(self, y: torch.Tensor) -> torch.Tensor:
-            for layer in self.layers.values():
-                y = layer(y)
-            return (y * self.norm).sum()
-
     x = torch.randn(4, 8)
 
     def split_time(m: torch.nn.Module) -> tuple[float, float]:
         return _forward_backward_time(lambda: m(x), sync, T, rep)
 
-    plain_f, plain_b = split_time(Model())
+    plain_f, plain_b = split_time(_FsdpModel())
     out: dict[str, float] = {}
     for reshard, key in ((True, "fsdp_unit"), (False, "fsdp_unit_keep")):
-        m = Model()
-        units = [*m.layers.values(), m]
-        for u in units:
-            fully_shard(u, mesh=mesh, reshard_after_forward=reshard)
-            u.set_custom_reduce_scatter(AllReduceScatter())  # type: ignore[operator]
+        m = _fsdp_model(mesh, reshard)
         f, b = split_time(m)
-        out[f"{key}_forward"] = max(0.0, f - plain_f) / len(units)
-        out[f"{key}_backward"] = max(0.0, b - plain_b) / len(units)
+        out[f"{key}_forward"] = max(0.0, f - plain_f) / FSDP_UNITS
+        out[f"{key}_backward"] = max(0.0, b - plain_b) / FSDP_UNITS
+    return out
+
+
+FSDP_UNITS = FSDP_BLOCKS + 1
+"""Units of the calibration's FSDP model: a unit a block and the root."""
+
+
+class _FsdpModel(torch.nn.Module):
+    """The calibration's FSDP model, in ptd's shape (blocks in ``layers``, the rest in the
+    root): :data:`FSDP_BLOCKS` linear layers of 8 x 8 and a norm weight of 8."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleDict({str(i): torch.nn.Linear(8, 8)
+                                           for i in range(FSDP_BLOCKS)})
+        self.norm = torch.nn.Parameter(torch.ones(8))
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers.values():
+            y = layer(y)
+        return (y * self.norm).sum()
+
+
+def _fsdp_model(mesh: Any, reshard: bool) -> torch.nn.Module:
+    """:class:`_FsdpModel` under ptd's FSDP2 on ``mesh``: a unit a block and the root, gloo's
+    reduction as ptd's runtime does it (``AllReduceScatter``)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from ..parallel.fsdp import AllReduceScatter
+    m = _FsdpModel()
+    for u in [*m.layers.values(), m]:
+        fully_shard(u, mesh=mesh, reshard_after_forward=reshard)
+        u.set_custom_reduce_scatter(AllReduceScatter())  # type: ignore[operator]
+    return m
+
+
+def fsdp_collectives(reshard: bool, g: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """The collectives FSDP2 issues for :func:`_fsdp_model` over a group of ``g`` (forward,
+    backward), each ``(kind, elements)``: ``("ag", n)`` an all-gather of ``n`` elements a
+    rank (a unit's flat shard: 72 / g for a block's weight and bias, 8 / g for the root's
+    norm), ``("ar", n)`` an all-reduce of ``n`` (``AllReduceScatter``: the unit's whole flat
+    gradient). Every unit gathers before its forward (the root first: its forward starts
+    first), resharded ones again before their backward (the root too: it is resharded as
+    asked, torch 2.13), and every unit reduces (``tests/test_calibrate_fsdp_group.py``
+    counts them on two ranks)."""
+    blocks, root = 72, 8
+    gathers = [("ag", root // g)] + [("ag", blocks // g)] * FSDP_BLOCKS
+    return gathers, (gathers if reshard else []) + [("ar", blocks)] * FSDP_BLOCKS + [("ar", root)]
+
+
+def fsdp_unit_group_costs(rank: int, n_active: int, pg: Any, barrier: Any, timeout: float,
+                          rounds: int) -> dict[str, float] | None:
+    """:func:`fsdp_unit_costs` on a real group: ranks ``0..n_active-1`` form ``pg`` (None:
+    the world), the others only pass the barrier. On a one-rank mesh FSDP2 issues none of
+    its collectives and runs none of the work around them (gathering into and out of the
+    flat buffers, waiting, reducing), which every ZeRO run pays: on the 2-core EPYC
+    (2026-11-29, ``docs/data/epyc2-2026-11-29g/fsdp_pair.py``) a unit's forward took 0.53-0.71
+    ms beyond the model without FSDP and the bare collectives, on two ranks, against 0.10 on
+    one; its backward, resharded, 0.53-0.59 against 0.13. Each of ``rounds`` rounds times
+    the FSDP model's forward and backward, the same model without FSDP, and the collectives
+    FSDP issues (:func:`fsdp_collectives`) called bare, back to back; the median over rounds
+    of the first less the other two, per unit. Keys as :func:`fsdp_unit_costs`'; None on
+    ranks outside the group."""
+    from torch.distributed.device_mesh import DeviceMesh
+    barrier.wait(timeout)
+    if rank >= n_active:
+        return None
+    g = n_active
+    x = torch.randn(4, 8)
+    plain = _FsdpModel()
+    out: dict[str, float] = {}
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+    def bare(calls: list[tuple[str, int]]) -> float:
+        t0 = time.perf_counter()
+        for kind, n in calls:
+            if kind == "ag":
+                gather(torch.empty(n * g), torch.empty(n), group=pg)
+            else:
+                dist.all_reduce(torch.empty(n), group=pg)
+        return time.perf_counter() - t0
+
+    for reshard, key in ((True, "fsdp_unit"), (False, "fsdp_unit_keep")):
+        m = _fsdp_model(DeviceMesh.from_group(pg or dist.group.WORLD, "cpu"), reshard)
+        fwd_calls, bwd_calls = fsdp_collectives(reshard, g)
+        for _ in range(3):
+            m(x).backward()
+            plain(x).backward()
+        f, b = [], []
+        for _ in range(rounds):
+            dist.barrier(group=pg)
+            t0 = time.perf_counter()
+            y = m(x)
+            t1 = time.perf_counter()
+            y.backward()
+            t2 = time.perf_counter()
+            y = plain(x)
+            t3 = time.perf_counter()
+            y.backward()
+            t4 = time.perf_counter()
+            dist.barrier(group=pg)
+            bf, bb = bare(fwd_calls), bare(bwd_calls)
+            f.append((t1 - t0) - (t3 - t2) - bf)
+            b.append((t2 - t1) - (t4 - t3) - bb)
+        out[f"{key}_forward"] = max(0.0, statistics.median(f)) / FSDP_UNITS
+        out[f"{key}_backward"] = max(0.0, statistics.median(b)) / FSDP_UNITS
     return out
 
 
@@ -905,6 +991,17 @@ def collective_suite(rank: int, nproc: int, plan: dict, device: torch.device, ba
                 if d is not None:
                     times.setdefault("dtensor_reduce", {})[str(n_active)] = d
             tick("DTensor all-reduce")
+        if g == 2 and device.type == "cpu" and plan.get("fsdp_group_rounds"):
+            # FSDP2's per-unit work on a group of two (ranks 0 and 1, the others idle)
+            w = fsdp_unit_group_costs(rank, 2, pg, barrier, timeout, plan["fsdp_group_rounds"])
+            if w is not None:
+                times.setdefault("fsdp_group", {})["2"] = w
+            tick("FSDP units g=2")
+        if g == nproc and g > 2 and device.type == "cpu" and plan.get("fsdp_group_rounds"):
+            w = fsdp_unit_group_costs(rank, g, pg, barrier, timeout, plan["fsdp_group_rounds"])
+            if w is not None:
+                times.setdefault("fsdp_group", {})[str(g)] = w
+            tick(f"FSDP units g={g}")
         if g == nproc and g > 2 and device.type == "cpu":
             # the same loop in one group of all the workers: a collective waits for the
             # latest of its peers, so a larger group waits longer than pairs do

@@ -155,6 +155,12 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
                          plan.get("blocking_side", BLOCKING_SIDE), key)
         for key in ("blocking", "blocking_group"))
     dtensor_reduce = _dtensor_reduce_points(results)
+    # FSDP2's per-unit work where a real group timed it (bench.fsdp_unit_group_costs) stands
+    # for the one-rank figure, which leaves its collectives' work out; the one-rank one stays
+    # where no group could (one worker)
+    for n, costs in _fsdp_group(results).items():
+        for k, v in costs.items():
+            framework.setdefault(k, {})[n] = v
     missing: dict[str, str] = {}
     for r in results:
         missing.update(r.get("missing", {}))
@@ -242,6 +248,16 @@ def _blocking_curves(results: list[dict], fits: list[dict], nbytes: int,
                        + ([alone] if alone is not None else []))
         curves[int(n)] = sorted(out)
     return curves
+
+
+def _fsdp_group(results: list[dict]) -> dict[int, dict[str, float]]:
+    """Workers at once -> FSDP2's per-unit seconds by key, the mean over the group's ranks
+    of ``bench.fsdp_unit_group_costs``."""
+    per_n: dict[int, list[dict[str, float]]] = {}
+    for r in results:
+        for n, costs in r.get("collectives", {}).get("fsdp_group", {}).items():
+            per_n.setdefault(int(n), []).append(costs)
+    return {n: {k: mean([c[k] for c in cs]) for k in cs[0]} for n, cs in sorted(per_n.items())}
 
 
 def _dtensor_reduce_points(results: list[dict]) -> dict[int, list[list[float]]]:

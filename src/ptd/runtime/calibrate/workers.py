@@ -92,6 +92,9 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
                 dtensor_reduce_sizes=([64 * KiB, MiB] if quick
                                       else [16 * KiB, 256 * KiB, MiB, 2 * MiB, 4 * MiB]),
                 dtensor_reduce_pairs=20 if quick else 60,
+                # FSDP2's per-unit work on a real group (bench.fsdp_unit_group_costs: a
+                # one-rank mesh runs none of its collectives); CPU, where it is priced
+                fsdp_group_rounds=0 if cuda else (20 if quick else 60),
                 gemm_sizes=gemm, attn_shapes=attn,
                 attn_model_shapes=_with_small_heads(list(model_attention or []), cuda),
                 op_model=None if cuda else (op_spec or op_model()),
@@ -153,7 +156,11 @@ def stage_labels(plan: dict) -> list[str]:
         out += [f"{k} g={g}" for k in plan["kinds"] if k != "send_recv" or g == 2]
         if g == 2 and plan["device"] == "cpu":
             out += ["blocking collectives", "DTensor all-reduce"]
+            if plan.get("fsdp_group_rounds"):
+                out.append("FSDP units g=2")
         if g == max(plan["workers"]) and g > 2 and plan["device"] == "cpu":
+            if plan.get("fsdp_group_rounds"):
+                out.append(f"FSDP units g={g}")
             out.append(f"blocking collectives g={g}")
     out.append(f"memory {memory_rounds(plan)}/{memory_rounds(plan)}")
     return out

@@ -1,0 +1,100 @@
+"""FSDP2's per-unit work timed on a real group (``bench.fsdp_unit_group_costs``): the bare
+collectives it subtracts are the ones FSDP2 issues, and the profile takes its figure where
+a group timed one."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import run_ranks
+from ptd.runtime.calibrate.profile import profile_table, summarize
+from ptd.specs import get_hardware_preset
+from ptd.specs.hardware import hardware_from_dict
+
+
+def test_fsdp_collectives_by_hand():
+    # a block unit: weight 8 x 8 and bias 8 = 72 elements, a rank's shard 72 / g; the root's
+    # norm 8, a shard 8 / g. Forward: every unit gathers, the root (whose forward starts
+    # first) before the blocks. Backward: every unit gathers again when resharded, and
+    # every unit all-reduces its whole flat gradient.
+    from ptd.runtime.calibrate.bench import fsdp_collectives
+    fwd, bwd = fsdp_collectives(True, 2)
+    assert fwd == [("ag", 4)] + [("ag", 36)] * 8
+    assert bwd == [("ag", 4)] + [("ag", 36)] * 8 + [("ar", 72)] * 8 + [("ar", 8)]
+    fwd, bwd = fsdp_collectives(False, 4)
+    assert fwd == [("ag", 2)] + [("ag", 18)] * 8
+    assert bwd == [("ar", 72)] * 8 + [("ar", 8)]
+
+
+def _fsdp_calls(rank: int, store: str, q) -> None:  # type: ignore[no-untyped-def]
+    """Rank of a two-rank group: the collectives FSDP2 really issues in one forward and one
+    backward of the calibration's model, both ways, beside what the calibration subtracts;
+    then the stage itself on a few rounds."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ptd.runtime.calibrate import bench
+    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    log: list[tuple[str, int]] = []
+    real_ag, real_ar = dist.all_gather_single, dist.all_reduce
+
+    def ag(out, inp, *a, **k):  # type: ignore[no-untyped-def]
+        log.append(("ag", inp.numel()))
+        return real_ag(out, inp, *a, **k)
+
+    def ar(t, *a, **k):  # type: ignore[no-untyped-def]
+        log.append(("ar", t.numel()))
+        return real_ar(t, *a, **k)
+    dist.all_gather_single, dist.all_reduce = ag, ar
+    seen = {}
+    for reshard in (True, False):
+        m = bench._fsdp_model(DeviceMesh.from_group(dist.group.WORLD, "cpu"), reshard)
+        x = torch.randn(4, 8)
+        m(x).backward()  # the first step initialises FSDP2 (lazy init)
+        log.clear()
+        y = m(x)
+        fwd = list(log)
+        log.clear()
+        y.backward()
+        seen[reshard] = (fwd, list(log), bench.fsdp_collectives(reshard, 2))
+    dist.all_gather_single, dist.all_reduce = real_ag, real_ar
+
+    class Barrier:
+        def wait(self, timeout: float) -> None:
+            dist.barrier()
+    costs = bench.fsdp_unit_group_costs(rank, 2, None, Barrier(), 30.0, 5)
+    q.put((rank, (seen, costs)))
+    dist.destroy_process_group()
+
+
+def test_the_stage_subtracts_what_fsdp_issues_on_two_ranks(tmp_path):
+    out = run_ranks(_fsdp_calls, 2, str(tmp_path / "store"), timeout=120)
+    for rank in (0, 1):
+        seen, costs = out[rank]
+        for reshard in (True, False):
+            fwd, bwd, (want_fwd, want_bwd) = seen[reshard]
+            assert fwd == want_fwd, (reshard, fwd)
+            assert sorted(bwd) == sorted(want_bwd), (reshard, bwd)  # backward order varies
+        assert set(costs) == {"fsdp_unit_forward", "fsdp_unit_backward",
+                              "fsdp_unit_keep_forward", "fsdp_unit_keep_backward"}
+        assert all(v >= 0 for v in costs.values())
+
+
+def test_a_group_figure_stands_for_the_one_rank_one():
+    from test_calibrate import _synthetic
+    plan, results = _synthetic()
+    for rank, r in enumerate(results):
+        for per_n in r["compute"].values():  # the one-rank figures of each worker count
+            per_n["framework"] = {"fsdp_unit_forward": 1e-4, "fsdp_unit_backward": 2e-4}
+        # the two ranks of the group: 0.5 and 0.7 ms forward -> their mean, 0.6
+        r["collectives"]["fsdp_group"] = {"2": {"fsdp_unit_forward": 5e-4 + 2e-4 * rank,
+                                                "fsdp_unit_backward": 9e-4}}
+    s = summarize(plan, results)
+    assert s["framework"]["fsdp_unit_forward"] == {1: pytest.approx(1e-4), 2: pytest.approx(6e-4)}
+    assert s["framework"]["fsdp_unit_backward"] == {1: pytest.approx(2e-4), 2: pytest.approx(9e-4)}
+    hw = hardware_from_dict(profile_table(s, get_hardware_preset("cpu"), "synth", "cpu",
+                                          8 * 2**30, "test"), "synth")
+    assert hw.overheads_measured["fsdp_unit_forward"] == {1: pytest.approx(1e-4),
+                                                         2: pytest.approx(6e-4)}

@@ -840,3 +840,31 @@ def test_dtensor_reduce_times_the_one_rank_calls_back_to_back(monkeypatch):
     assert log == ["plain", "pair", "one"] * 3 + ["plain", "pair"] * 4 + ["one"] * 4
     plain, dt, one, extra = out["4096"]
     assert min(plain, dt, one) > 0
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(180)
+def test_a_real_calibration_times_fsdp_units_on_a_group_of_two(calibrated, ptd_cli,
+                                                                monkeypatch, tmp_path):
+    # two workers: the FSDP stage ran on the pair and its figures are the profile's; one
+    # worker keeps the one-rank mesh's; the printed table says which is which
+    import ptd.runtime.calibrate as C
+    home, out, err = calibrated
+    s = out["summary"]
+    assert "FSDP units g=2" in err
+    group = s["fsdp_group"]["2"]
+    assert set(group) == {"fsdp_unit_forward", "fsdp_unit_backward",
+                          "fsdp_unit_keep_forward", "fsdp_unit_keep_backward"}
+    for k, v in group.items():
+        assert s["framework"][k]["2"] == v
+        assert out["hardware"]["overheads_measured"][k]["2"] == max(v, 1e-9)
+    assert "1" not in s["fsdp_group"] and s["framework"]["fsdp_unit_forward"]["1"] > 0
+    result = {k: out[k] for k in ("hardware", "meta", "summary")} | {"plan": {}}
+    for c in result["summary"]["collectives"]:
+        c["times"] = {int(b): t for b, t in c["times"].items()}
+    monkeypatch.setattr(C, "calibrate", lambda *a, **k: copy.deepcopy(result))
+    monkeypatch.setenv("PTD_HOME", str(tmp_path))
+    rc, text, _ = ptd_cli("calibrate", "--workers", "1,2", "--quick", "--name", "fsdp")
+    assert rc == 0
+    rows = {line.split()[0]: line for line in text.split("FSDP2's own work")[1].splitlines()[3:5]}
+    assert rows["1"].endswith("one-rank mesh") and rows["2"].endswith("group of N")

@@ -288,6 +288,16 @@ def render(result: dict, path: Path) -> str:
         lines += ["", "tensor parallelism's all-reduce through DTensor (Partial -> Replicate) in "
                   "pairs, N at once: extra = DTensor - plain - one-rank mesh (medians)",
                   table(rows, header=("N", "bytes", "plain", "DTensor", "one rank", "extra"))]
+    fw = s.get("framework", {})
+    if fw.get("fsdp_unit_forward"):
+        rows = [(n, duration(fw["fsdp_unit_forward"][n]), duration(fw["fsdp_unit_backward"][n]),
+                 duration(fw["fsdp_unit_keep_forward"][n]), duration(fw["fsdp_unit_keep_backward"][n]),
+                 "group of N" if n in s.get("fsdp_group", {}) else "one-rank mesh")
+                for n in sorted(fw["fsdp_unit_forward"])]
+        lines += ["", "FSDP2's own work a unit and micro-batch, N at once, beyond the model and "
+                  "the collectives (ZeRO-3 resharded; ZeRO-1/2 kept)",
+                  table(rows, header=("N", "forward", "backward", "kept fwd", "kept bwd",
+                                      "timed on"))]
     if s.get("moe_layer"):
         rows = [(key, n, int(t), duration(f), duration(b))
                 for key, per in s["moe_layer"].items() for n, pts in per.items()

@@ -158,7 +158,8 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
     # FSDP2's per-unit work where a real group timed it (bench.fsdp_unit_group_costs) stands
     # for the one-rank figure, which leaves its collectives' work out; the one-rank one stays
     # where no group could (one worker)
-    for n, costs in _fsdp_group(results).items():
+    fsdp_group = _fsdp_group(results)
+    for n, costs in fsdp_group.items():
         for k, v in costs.items():
             framework.setdefault(k, {})[n] = v
     missing: dict[str, str] = {}
@@ -200,6 +201,7 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
             "attention_ratio": median(ratios) if ratios else None,
             "attention_dtype": primary, "collectives": collectives, "blocking": blocking,
             "blocking_group": blocking_group, "dtensor_reduce": dtensor_reduce,
+            "fsdp_group": fsdp_group,
             "missing": missing}
 
 

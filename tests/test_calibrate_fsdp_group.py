@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import run_ranks
+from helpers import alone, run_ranks
 from ptd.runtime.calibrate.profile import profile_table, summarize
 from ptd.specs import get_hardware_preset
 from ptd.specs.hardware import hardware_from_dict
@@ -98,3 +98,72 @@ def test_a_group_figure_stands_for_the_one_rank_one():
                                           8 * 2**30, "test"), "synth")
     assert hw.overheads_measured["fsdp_unit_forward"] == {1: pytest.approx(1e-4),
                                                          2: pytest.approx(6e-4)}
+
+
+def test_the_stage_is_fsdp_less_the_plain_model_less_the_bare_collectives(monkeypatch):
+    # Stand-ins with known times, one process (a group of one): every collective sleeps 1
+    # ms; "FSDP" issues the stage's own list of collectives and spends 9 ms of its own in the
+    # forward, 4.5 in the backward; the plain model sleeps 2.7 ms forward, 0.9 backward.
+    # Per unit (9 units): forward (9 + 9 - 2.7 - 9) / 9 = 0.7 ms, backward 4.5 - 0.9 = 0.4 ms
+    # (the collectives cancel). Without the bare collectives taken off: 1.7 / 1.4 (resharded);
+    # without the plain model: 1.0 / 0.5.
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from ptd.runtime.calibrate import bench
+
+    def sleep_call(*a, **k):  # type: ignore[no-untyped-def]
+        time.sleep(1e-3)
+    monkeypatch.setattr(dist, "all_gather_single", sleep_call, raising=False)
+    monkeypatch.setattr(dist, "all_reduce", sleep_call)
+
+    def stand_in(fwd_s: float, bwd_s: float, calls: tuple[list, list] | None) -> torch.nn.Module:
+        class Slow(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, w):  # type: ignore[no-untyped-def]
+                return w.sum()
+
+            @staticmethod
+            def backward(ctx, g):  # type: ignore[no-untyped-def]
+                for _ in (calls[1] if calls else []):
+                    sleep_call()
+                time.sleep(bwd_s)
+                return g * torch.ones(8)
+
+        class M(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.ones(8))
+                self.calls = 0
+
+            def forward(self, x):  # type: ignore[no-untyped-def]
+                for _ in (calls[0] if calls else []):
+                    sleep_call()
+                self.calls += 1
+                # one disturbed round of seven (after three warm-up calls): the median
+                # passes over it, a mean would not (+20 / 7 / 9 = 0.32 ms a unit)
+                time.sleep(fwd_s + (20e-3 if calls and self.calls == 5 else 0.0))
+                return Slow.apply(self.w)
+        return M()
+    monkeypatch.setattr(bench, "_FsdpModel", lambda: stand_in(2.7e-3, 0.9e-3, None))
+    monkeypatch.setattr(bench, "_fsdp_model", lambda mesh, reshard: stand_in(
+        9e-3, 4.5e-3, bench.fsdp_collectives(reshard, 1)))
+
+    class Barrier:
+        def wait(self, timeout: float) -> None:
+            pass
+    made = not dist.is_initialized()
+    if made:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with alone():  # sleeps of a millisecond: another test's run beside would stretch them
+            got = bench.fsdp_unit_group_costs(0, 1, None, Barrier(), 10.0, 7)
+    finally:
+        if made:
+            dist.destroy_process_group()
+    for key in ("fsdp_unit", "fsdp_unit_keep"):
+        # (a divisor of 8 blocks rather than 9 units would read 0.79 / 0.45)
+        assert got[f"{key}_forward"] == pytest.approx(0.7e-3, abs=0.05e-3)
+        assert got[f"{key}_backward"] == pytest.approx(0.4e-3, abs=0.03e-3)

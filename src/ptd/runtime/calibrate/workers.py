@@ -44,7 +44,7 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
               model_shapes: list[tuple[int, int, int]] | None = None,
               model_attention: list[tuple[int, int, int, int]] | None = None,
               op_spec: dict | None = None, moe_spec: dict | None = None) -> dict:
-    """Sizes, windows and repeats: the default calibration is ~2 minutes on a 2-core CPU,
+    """Sizes, windows and repeats: the default calibration is ~3 minutes on a 2-core CPU,
     ``quick`` ~15 s. ``op_spec``: :func:`op_model`'s fields (CPU; default the tiny
     preset's). ``model_shapes``: products (m, n, k) of a model, measured beside the
     sweep; ``model_attention``: its attention shapes (b, heads, s, head_dim), measured beside

@@ -13,8 +13,10 @@ from ptd.specs.hardware import hardware_from_dict
 
 
 def test_fsdp_collectives_by_hand():
-    # a block unit: weight 8 x 8 and bias 8 = 72 elements, a rank's shard 72 / g; the root's
-    # norm 8, a shard 8 / g. Forward: every unit gathers, the root (whose forward starts
+    # a block unit: weight 8 x 8 and bias 8 = 72 elements, a rank's shard 72 / g where g
+    # divides 8; the root's norm 8, a shard 8 / g. Over 3 ranks each parameter's 8 rows are
+    # cut into shards of 3 (the last padded): 27 a block, 3 the root, reduced whole as 81
+    # and 9. Forward: every unit gathers, the root (whose forward starts
     # first) before the blocks. Backward: every unit gathers again when resharded, and
     # every unit all-reduces its whole flat gradient.
     from ptd.runtime.calibrate.bench import fsdp_collectives
@@ -24,18 +26,22 @@ def test_fsdp_collectives_by_hand():
     fwd, bwd = fsdp_collectives(False, 4)
     assert fwd == [("ag", 2)] + [("ag", 18)] * 8
     assert bwd == [("ar", 72)] * 8 + [("ar", 8)]
+    fwd, bwd = fsdp_collectives(True, 3)
+    assert fwd == [("ag", 3)] + [("ag", 27)] * 8
+    assert bwd == fwd + [("ar", 81)] * 8 + [("ar", 9)]
 
 
-def _fsdp_calls(rank: int, store: str, q) -> None:  # type: ignore[no-untyped-def]
-    """Rank of a two-rank group: the collectives FSDP2 really issues in one forward and one
-    backward of the calibration's model, both ways, beside what the calibration subtracts;
-    then the stage itself on a few rounds."""
+def _fsdp_calls(rank: int, store: str, world: int, q) -> None:  # type: ignore[no-untyped-def]
+    """Rank of a group of ``world``: the collectives FSDP2 really issues in one forward and
+    one backward of the calibration's model, both ways, beside what the calibration
+    subtracts; then the stage itself on a few rounds."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
     from ptd.runtime.calibrate import bench
-    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank,
+                            world_size=world)
     torch.set_num_threads(1)
     log: list[tuple[str, int]] = []
     real_ag, real_ar = dist.all_gather_single, dist.all_reduce
@@ -58,20 +64,21 @@ def _fsdp_calls(rank: int, store: str, q) -> None:  # type: ignore[no-untyped-de
         fwd = list(log)
         log.clear()
         y.backward()
-        seen[reshard] = (fwd, list(log), bench.fsdp_collectives(reshard, 2))
+        seen[reshard] = (fwd, list(log), bench.fsdp_collectives(reshard, world))
     dist.all_gather_single, dist.all_reduce = real_ag, real_ar
 
     class Barrier:
         def wait(self, timeout: float) -> None:
             dist.barrier()
-    costs = bench.fsdp_unit_group_costs(rank, 2, None, Barrier(), 30.0, 5)
+    costs = bench.fsdp_unit_group_costs(rank, world, None, Barrier(), 30.0, 5)
     q.put((rank, (seen, costs)))
     dist.destroy_process_group()
 
 
-def test_the_stage_subtracts_what_fsdp_issues_on_two_ranks(tmp_path):
-    out = run_ranks(_fsdp_calls, 2, str(tmp_path / "store"), timeout=120)
-    for rank in (0, 1):
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_stage_subtracts_what_fsdp_issues(tmp_path, world):
+    out = run_ranks(_fsdp_calls, world, str(tmp_path / "store"), world, timeout=120)
+    for rank in range(world):
         seen, costs = out[rank]
         for reshard in (True, False):
             fwd, bwd, (want_fwd, want_bwd) = seen[reshard]

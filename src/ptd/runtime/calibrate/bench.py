@@ -77,13 +77,7 @@ class Sync:
         """Seconds per call: the fastest of ``repeats`` windows (after a warm-up call). Every
         window has all ``n`` workers busy by construction, so the fastest is the one least
         disturbed by processes outside the calibration."""
-        fn()
-        self.sync()
-        t = time.perf_counter()
-        fn()
-        self.sync()
-        est = max(time.perf_counter() - t, 1e-7)
-        batch = max(1, min(2000, int(seconds / 10 / est)))
+        batch = self._batch(fn, seconds)
         per_call = [self.window(fn, seconds, batch) for _ in range(repeats)]
         if self.n > (os.cpu_count() or 1):
             # More workers than cores: the OS time-slices them, and each worker's luckiest
@@ -101,17 +95,19 @@ class Sync:
         :meth:`time`'s fastest windows of one and then of the other can come from minutes
         apart -- and this VM's memory bandwidth holds one of two modes for tens of seconds
         (docs/data/epyc2-2026-11-29f/memory_modes.txt)."""
-        batches = []
-        for fn in (a, b):
-            fn()
-            self.sync()
-            t = time.perf_counter()
-            fn()
-            self.sync()
-            batches.append(max(1, min(2000, int(seconds / 10 / max(time.perf_counter() - t,
-                                                                  1e-7)))))
-        return [(self.window(a, seconds, batches[0]), self.window(b, seconds, batches[1]))
+        ba, bb = self._batch(a, seconds), self._batch(b, seconds)
+        return [(self.window(a, seconds, ba), self.window(b, seconds, bb))
                 for _ in range(repeats)]
+
+    def _batch(self, fn: Callable[[], Any], seconds: float) -> int:
+        """Calls of ``fn`` between clock reads in a window of ``seconds``: a tenth of it,
+        from one timed call after a warm-up one."""
+        fn()
+        self.sync()
+        t = time.perf_counter()
+        fn()
+        self.sync()
+        return max(1, min(2000, int(seconds / 10 / max(time.perf_counter() - t, 1e-7))))
 
 
 def _three_layouts(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
@@ -428,15 +424,17 @@ def _fsdp_model(mesh: Any, reshard: bool) -> torch.nn.Module:
 def fsdp_collectives(reshard: bool, g: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """The collectives FSDP2 issues for :func:`_fsdp_model` over a group of ``g`` (forward,
     backward), each ``(kind, elements)``: ``("ag", n)`` an all-gather of ``n`` elements a
-    rank (a unit's flat shard: 72 / g for a block's weight and bias, 8 / g for the root's
-    norm), ``("ar", n)`` an all-reduce of ``n`` (``AllReduceScatter``: the unit's whole flat
-    gradient). Every unit gathers before its forward (the root first: its forward starts
-    first), resharded ones again before their backward (the root too: it is resharded as
-    asked, torch 2.13), and every unit reduces (``tests/test_calibrate_fsdp_group.py``
-    counts them on two ranks)."""
-    blocks, root = 72, 8
-    gathers = [("ag", root // g)] + [("ag", blocks // g)] * FSDP_BLOCKS
-    return gathers, (gathers if reshard else []) + [("ar", blocks)] * FSDP_BLOCKS + [("ar", root)]
+    rank (a unit's flat shard: each parameter cut on its first dimension into ``g`` shards
+    of ``r = ceil(8 / g)`` rows, padded -- a block's weight and bias ``9 r``, the root's norm
+    ``r``), ``("ar", n)`` an all-reduce of ``g`` such shards (``AllReduceScatter``: the
+    unit's padded flat gradient). Every unit gathers before its forward (the root first:
+    its forward starts first), resharded ones again before their backward (the root too: it
+    is resharded as asked, torch 2.13), and every unit reduces
+    (``tests/test_calibrate_fsdp_group.py`` counts them on two and three ranks)."""
+    r = -(-8 // g)
+    gathers = [("ag", r)] + [("ag", 9 * r)] * FSDP_BLOCKS
+    return gathers, ((gathers if reshard else []) + [("ar", 9 * r * g)] * FSDP_BLOCKS
+                     + [("ar", r * g)])
 
 
 def fsdp_unit_group_costs(rank: int, n_active: int, pg: Any, barrier: Any, timeout: float,

@@ -71,7 +71,17 @@ def _fsdp_calls(rank: int, store: str, world: int, q) -> None:  # type: ignore[n
         def wait(self, timeout: float) -> None:
             dist.barrier()
     costs = bench.fsdp_unit_group_costs(rank, world, None, Barrier(), 30.0, 5)
-    q.put((rank, (seen, costs)))
+    suite = None
+    if world == 2:  # and as the calibration's collectives' stages call it, on a small plan
+        plan = {"group_sizes": [2], "kinds": [], "coll_sizes": [], "repeats": 1,
+                "blocking_chunks": {0: 2}, "blocking_bytes": 1024, "blocking_side": 8,
+                "dtensor_reduce_sizes": [1024], "dtensor_reduce_pairs": 2,
+                "fsdp_group_rounds": 3}
+        ticks: list[str] = []
+        times, _ = bench.collective_suite(rank, 2, plan, torch.device("cpu"), Barrier(), 30.0,
+                                          ticks.append)
+        suite = (sorted(times["fsdp_group"]["2"]), ticks)
+    q.put((rank, (seen, costs, suite)))
     dist.destroy_process_group()
 
 
@@ -79,7 +89,7 @@ def _fsdp_calls(rank: int, store: str, world: int, q) -> None:  # type: ignore[n
 def test_the_stage_subtracts_what_fsdp_issues(tmp_path, world):
     out = run_ranks(_fsdp_calls, world, str(tmp_path / "store"), world, timeout=120)
     for rank in range(world):
-        seen, costs = out[rank]
+        seen, costs, suite = out[rank]
         for reshard in (True, False):
             fwd, bwd, (want_fwd, want_bwd) = seen[reshard]
             assert fwd == want_fwd, (reshard, fwd)
@@ -87,6 +97,9 @@ def test_the_stage_subtracts_what_fsdp_issues(tmp_path, world):
         assert set(costs) == {"fsdp_unit_forward", "fsdp_unit_backward",
                               "fsdp_unit_keep_forward", "fsdp_unit_keep_backward"}
         assert all(v >= 0 for v in costs.values())
+        if world == 2:
+            assert suite == (sorted(costs), ["blocking collectives", "DTensor all-reduce",
+                                             "FSDP units g=2"])
 
 
 def test_a_group_figure_stands_for_the_one_rank_one():

@@ -94,8 +94,11 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
                 dtensor_reduce_pairs=20 if quick else 60,
                 # FSDP2's per-unit work on a real group (bench.fsdp_unit_group_costs: a
                 # one-rank mesh runs none of its collectives); CPU, where it is priced. 60
-                # rounds took 4.8 s with two workers and 23 s with four on the 2-core EPYC
-                fsdp_group_rounds=0 if cuda else (8 if quick else 20),
+                # rounds took 4.8 s with two workers and 23 s with four on the 2-core EPYC.
+                # Not in a quick one: over 8 rounds four quick calibrations read 0.11-0.56
+                # ms a unit forward, 0-0.55 kept backward (gloo's small all-reduces there
+                # took 0.23-3.9 ms each); it keeps the one-rank figure
+                fsdp_group_rounds=0 if cuda or quick else 20,
                 gemm_sizes=gemm, attn_shapes=attn,
                 attn_model_shapes=_with_small_heads(list(model_attention or []), cuda),
                 op_model=None if cuda else (op_spec or op_model()),

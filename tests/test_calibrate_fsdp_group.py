@@ -136,7 +136,7 @@ def test_the_stage_is_fsdp_less_the_plain_model_less_the_bare_collectives(monkey
 
     def sleep_call(*a, **k):  # type: ignore[no-untyped-def]
         time.sleep(1e-3)
-    monkeypatch.setattr(dist, "all_gather_single", sleep_call, raising=False)
+    monkeypatch.setattr(dist, "all_gather_single", sleep_call)
     monkeypatch.setattr(dist, "all_reduce", sleep_call)
 
     def stand_in(fwd_s: float, bwd_s: float, calls: tuple[list, list] | None) -> torch.nn.Module:

@@ -458,13 +458,12 @@ def fsdp_unit_group_costs(rank: int, n_active: int, pg: Any, barrier: Any, timeo
     x = torch.randn(4, 8)
     plain = _FsdpModel()
     out: dict[str, float] = {}
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
     def bare(calls: list[tuple[str, int]]) -> float:
         t0 = time.perf_counter()
         for kind, n in calls:
-            if kind == "ag":
-                gather(torch.empty(n * g), torch.empty(n), group=pg)
+            if kind == "ag":  # as FSDP2 calls it (torch 2.13 _fsdp_collectives.py)
+                dist.all_gather_single(torch.empty(n * g), torch.empty(n), group=pg)
             else:
                 dist.all_reduce(torch.empty(n), group=pg)
         return time.perf_counter() - t0

@@ -373,7 +373,7 @@ def fsdp_unit_costs(mesh: Any, sync: Sync, T: float, rep: int) -> dict[str, floa
     (``AllReduceScatter``); forward and backward timed apart, less the same model without
     FSDP. ``fsdp_unit_*``: resharded after the forward (ZeRO-3);
     ``fsdp_unit_keep_*``: kept (ZeRO-1/2), each backward reducing."""
-    x = torch.randn(4, 8)
+    x = torch.randn(4, FSDP_SIDE)
 
     def split_time(m: torch.nn.Module) -> tuple[float, float]:
         return _forward_backward_time(lambda: m(x), sync, T, rep)
@@ -390,17 +390,19 @@ def fsdp_unit_costs(mesh: Any, sync: Sync, T: float, rep: int) -> dict[str, floa
 
 FSDP_UNITS = FSDP_BLOCKS + 1
 """Units of the calibration's FSDP model: a unit a block and the root."""
+FSDP_SIDE = 8
+"""Width of the calibration's FSDP model: its blocks are linear layers of this square side."""
 
 
 class _FsdpModel(torch.nn.Module):
     """The calibration's FSDP model, in ptd's shape (blocks in ``layers``, the rest in the
-    root): :data:`FSDP_BLOCKS` linear layers of 8 x 8 and a norm weight of 8."""
+    root): :data:`FSDP_BLOCKS` square linear layers of :data:`FSDP_SIDE` and a norm weight."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.layers = torch.nn.ModuleDict({str(i): torch.nn.Linear(8, 8)
+        self.layers = torch.nn.ModuleDict({str(i): torch.nn.Linear(FSDP_SIDE, FSDP_SIDE)
                                            for i in range(FSDP_BLOCKS)})
-        self.norm = torch.nn.Parameter(torch.ones(8))
+        self.norm = torch.nn.Parameter(torch.ones(FSDP_SIDE))
 
     def forward(self, y: torch.Tensor) -> torch.Tensor:
         for layer in self.layers.values():
@@ -425,15 +427,16 @@ def fsdp_collectives(reshard: bool, g: int) -> tuple[list[tuple[str, int]], list
     """The collectives FSDP2 issues for :func:`_fsdp_model` over a group of ``g`` (forward,
     backward), each ``(kind, elements)``: ``("ag", n)`` an all-gather of ``n`` elements a
     rank (a unit's flat shard: each parameter cut on its first dimension into ``g`` shards
-    of ``r = ceil(8 / g)`` rows, padded -- a block's weight and bias ``9 r``, the root's norm
-    ``r``), ``("ar", n)`` an all-reduce of ``g`` such shards (``AllReduceScatter``: the
+    of ``r = ceil(side / g)`` rows, padded -- a block's weight and bias ``(side + 1) r``, the
+    root's norm ``r``; side :data:`FSDP_SIDE`), ``("ar", n)`` an all-reduce of ``g`` such shards (``AllReduceScatter``: the
     unit's padded flat gradient). Every unit gathers before its forward (the root first:
     its forward starts first), resharded ones again before their backward (the root too: it
     is resharded as asked, torch 2.13), and every unit reduces
     (``tests/test_calibrate_fsdp_group.py`` counts them on two and three ranks)."""
-    r = -(-8 // g)
-    gathers = [("ag", r)] + [("ag", 9 * r)] * FSDP_BLOCKS
-    return gathers, ((gathers if reshard else []) + [("ar", 9 * r * g)] * FSDP_BLOCKS
+    r = -(-FSDP_SIDE // g)
+    block = (FSDP_SIDE + 1) * r
+    gathers = [("ag", r)] + [("ag", block)] * FSDP_BLOCKS
+    return gathers, ((gathers if reshard else []) + [("ar", block * g)] * FSDP_BLOCKS
                      + [("ar", r * g)])
 
 
@@ -455,7 +458,7 @@ def fsdp_unit_group_costs(rank: int, n_active: int, pg: Any, barrier: Any, timeo
     if rank >= n_active:
         return None
     g = n_active
-    x = torch.randn(4, 8)
+    x = torch.randn(4, FSDP_SIDE)
     plain = _FsdpModel()
     out: dict[str, float] = {}
 

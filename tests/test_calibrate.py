@@ -846,7 +846,8 @@ def test_a_full_calibration_times_fsdp_units_on_groups_a_quick_one_does_not():
     full = make_plan([1, 2, 4], ["fp32"], False, "cpu")
     assert full["fsdp_group_rounds"] == 20
     labels = stage_labels(full)
-    assert labels.index("FSDP units g=2") == labels.index("DTensor all-reduce") + 1
+    assert labels.index("FSDP units g=2") == labels.index("tp collectives in place") + 1 \
+        == labels.index("DTensor all-reduce") + 2
     assert labels.index("FSDP units g=4") == labels.index("blocking collectives g=4") - 1
     for plan in (make_plan([1, 2, 4], ["fp32"], True, "cpu"),
                  make_plan([1, 2], ["fp32"], False, "cuda")):

@@ -288,6 +288,20 @@ def render(result: dict, path: Path) -> str:
         lines += ["", "tensor parallelism's all-reduce through DTensor (Partial -> Replicate) in "
                   "pairs, N at once: extra = DTensor - plain - one-rank mesh (medians)",
                   table(rows, header=("N", "bytes", "plain", "DTensor", "one rank", "extra"))]
+    if s.get("tp_situ") and hw.get("tp_situ_measured"):
+        rows = []
+        for n, pts in s["tp_situ"].items():
+            for p, (nbytes, resid) in zip(pts, hw["tp_situ_measured"][str(n)]):
+                calls = sum(c for _, c in p["all_reduces"])
+                rows.append((n, p["tokens"], si(nbytes, "B"), duration(p["tp"]), duration(p["one"]),
+                             calls, duration((p["tp"] - p["one"]) / calls),
+                             duration(resid)))
+        lines += ["", "ptd's tp model in pairs (2 blocks, hidden 256), N at once: a forward and "
+                  "backward on the pair and on a one-rank mesh; in place = their difference a "
+                  "collective; residual = in place - what the fits, DTensor's extra and the "
+                  "blocking wait price it at (added to each tp collective)",
+                  table(rows, header=("N", "tokens", "bytes", "pair", "one rank", "all-reduces",
+                                      "in place", "residual"))]
     fw = s.get("framework", {})
     if fw.get("fsdp_unit_forward"):
         rows = [(n, duration(fw["fsdp_unit_forward"][n]), duration(fw["fsdp_unit_backward"][n]),

@@ -413,12 +413,18 @@ def _tp_collectives(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, 
     # ``dtensor_reduce_measured``; 0 elsewhere). With sequence parallelism an all-reduce's
     # place is taken by a reduce-scatter and an all-gather, each charged as a reduction
     # writing what it writes (act / tp, act).
+    # Timed in place in ptd's tp model on pairs, each costs more than those parts
+    # (calibrated on CPUs, ``tp_situ_measured``; 0 elsewhere): the residual is added once
+    # per all-reduce (or gather and reduce-scatter pair) of a tp pair, the extras' sum not
+    # below 0. Larger groups wait for more peers (their own blocking curve), in place not
+    # measured: none.
     dt = cluster.dtensor_reduce if tp_n > 1 else (lambda _: 0.0)
+    situ = cluster.tp_situ if tp_n == 2 else (lambda _: 0.0)
 
     def ar(elt_bytes: float) -> float:
         act = elt_bytes * tokens * model.hidden
-        return _coll("all_reduce", act, tp_n, hw, tp_nodes, tp_per) \
-            + (dt(act / tp_n) + dt(act) if plan.sp else dt(act))
+        extra = dt(act / tp_n) + dt(act) if plan.sp else dt(act)
+        return _coll("all_reduce", act, tp_n, hw, tp_nodes, tp_per) + max(0.0, extra + situ(act))
     mixed = ar((wide + ab) / 2)
     ar_f, ar_b = (mixed, mixed) if plan.sp else (ar(ab), ar(wide))
     ar_end = ar(wide)
@@ -434,7 +440,8 @@ def _tp_collectives(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, 
     # vocabulary-parallel embedding output (first rank); on the last rank the sequence-
     # parallel gather before the output layer, loss_parallel's cross-entropy (max, sum of
     # exponentials, target logit: fp32 per token) and the output layer's input gradient
-    loss_ar = _coll("all_reduce", 4 * tokens, tp_n, hw, tp_nodes, tp_per) + dt(4 * tokens)
+    loss_ar = _coll("all_reduce", 4 * tokens, tp_n, hw, tp_nodes, tp_per) \
+        + max(0.0, dt(4 * tokens) + situ(4 * tokens))
     n_out_f = (1 if plan.sp else 0) + 3
     tp_out_f = (ar_end if plan.sp else 0.0) + 3 * loss_ar
     return TPCollectives(ar_f, ar_b, ar_end, n_block_f, n_block_b, n_rc, n_out_f, tp_out_f)

@@ -208,6 +208,22 @@ class HardwareSpec:
     By workers at once, points ``(bytes, seconds)``, measured in pairs. Read along the
     least-squares line through them (a fixed part and the copy, which grows with the
     bytes); absent: nothing (GPUs, presets)."""
+    tp_situ_measured: dict[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    """From ``ptd calibrate`` (CPU): what each all-reduce of ptd's tensor-parallel model
+    costs in place beyond its ``collectives`` fit, ``dtensor_reduce_measured`` and
+    ``blocking_wait_measured`` as the cost model adds them -- the calibration's own tp
+    model (``runtime/calibrate/tp_situ.py``) timed on a pair and on a one-rank mesh, the
+    difference shared among its all-reduces. By workers at once, points ``(bytes,
+    seconds)``, measured in pairs; it may be negative where the parts charge more. Read
+    along the least-squares line through the points and added to the DTensor extra of each
+    collective of a tensor-parallel pair (the sum not below 0), with at most as many
+    workers busy as measured (the calibration measures 2: with four busy on the 2-core
+    EPYC it read 1.1-1.3 ms at 2 MiB where two read 0.5-0.7, and a pipeline keeps only some
+    of its workers busy, so neither stands for the other); larger groups, whose collectives
+    wait for more peers, get none (not measured in place); absent: nothing (GPUs,
+    presets).
+    (2026-11-29, 2 cores: the parts left ~24% of the tp collectives' cost out at 1 and
+    2 MiB.)"""
     moe_layer_measured: dict[str, dict[int, tuple[tuple[float, float, float], ...]]] = field(
         default_factory=dict)
     """From ``ptd calibrate --model M`` (CPU; M a mixture-of-experts model): M's MoE layer --
@@ -358,15 +374,16 @@ class HardwareSpec:
         """Seconds a tensor-parallel all-reduce of ``nbytes`` adds through DTensor while
         ``workers_per_node`` run (``dtensor_reduce_measured``; 0 where absent): the least-
         squares line through the points (each a median of noisy differences), not below 0."""
-        if not self.dtensor_reduce_measured:
+        return _line_at(self.dtensor_reduce_measured, nbytes, workers_per_node)
+
+    def tp_situ_at(self, nbytes: float, workers_per_node: int = 1) -> float:
+        """Seconds a tensor-parallel all-reduce of ``nbytes`` costs in place beyond its
+        priced parts while ``workers_per_node`` run (``tp_situ_measured``): the least-squares
+        line through the points, negative where they are; 0 where absent or where more
+        workers run than any measured count (not extrapolated: see the field)."""
+        if not self.tp_situ_measured or workers_per_node > max(self.tp_situ_measured):
             return 0.0
-        pts = self.dtensor_reduce_measured[
-            _pick_workers(self.dtensor_reduce_measured, workers_per_node)]
-        n = len(pts)
-        mb, me = sum(b for b, _ in pts) / n, sum(e for _, e in pts) / n
-        var = sum((b - mb) ** 2 for b, _ in pts)
-        slope = sum((b - mb) * (e - me) for b, e in pts) / var if var > 0 else 0.0
-        return max(0.0, me + slope * (nbytes - mb))
+        return _line_at(self.tp_situ_measured, nbytes, workers_per_node, floor=False)
 
     def moe_layer_at(self, key: str, tokens: float, workers_per_node: int = 1
                      ) -> tuple[float, float] | None:
@@ -410,11 +427,27 @@ class HardwareSpec:
                                        for n, pts in self.blocking_wait_measured.items()}
         d["blocking_wait_group_measured"] = {
             str(n): [list(p) for p in pts] for n, pts in self.blocking_wait_group_measured.items()}
-        d["dtensor_reduce_measured"] = {str(n): [list(p) for p in pts]
-                                        for n, pts in self.dtensor_reduce_measured.items()}
+        for k in ("dtensor_reduce_measured", "tp_situ_measured"):
+            d[k] = {str(n): [list(p) for p in pts] for n, pts in getattr(self, k).items()}
         d["moe_layer_measured"] = {k: {str(n): [list(p) for p in pts] for n, pts in t.items()}
                                    for k, t in self.moe_layer_measured.items()}
         return d
+
+
+def _line_at(table: dict[int, tuple[tuple[float, float], ...]], x: float, workers: int,
+             floor: bool = True) -> float:
+    """The least-squares line through the ``(x, y)`` points of ``table``'s entry for
+    ``workers`` (:func:`_pick_workers`), at ``x``: not below 0 unless ``floor`` is False; 0
+    where the table is empty."""
+    if not table:
+        return 0.0
+    pts = table[_pick_workers(table, workers)]
+    n = len(pts)
+    mx, my = sum(b for b, _ in pts) / n, sum(e for _, e in pts) / n
+    var = sum((b - mx) ** 2 for b, _ in pts)
+    slope = sum((b - mx) * (e - my) for b, e in pts) / var if var > 0 else 0.0
+    y = my + slope * (x - mx)
+    return max(0.0, y) if floor else y
 
 
 def _pick_workers(table: dict[int, Any], workers: int) -> int:
@@ -493,6 +526,11 @@ class ClusterSpec:
         """What a tensor-parallel all-reduce of ``nbytes`` adds through DTensor, with the
         node's workers running (0 where not calibrated)."""
         return self.hardware.dtensor_reduce_at(nbytes, self.workers_per_node)
+
+    def tp_situ(self, nbytes: float) -> float:
+        """What a tensor-parallel all-reduce of ``nbytes`` costs in place beyond its priced
+        parts, with the node's workers running (0 where not calibrated; may be negative)."""
+        return self.hardware.tp_situ_at(nbytes, self.workers_per_node)
 
     def blocking_wait(self, chunk: float, group: int = 2) -> float:
         """The wait a blocking collective of ``group`` ranks adds after ``chunk`` seconds of
@@ -703,7 +741,8 @@ def hardware_from_dict(d: dict[str, Any], name: str = "custom") -> HardwareSpec:
     waits = "[[chunk, wait], ...] (seconds)"
     for field_name, keyed, point in (("blocking_wait_measured", "workers", waits),
                                      ("blocking_wait_group_measured", "group", waits),
-                                     ("dtensor_reduce_measured", "workers", "[[bytes, seconds], ...]")):
+                                     ("dtensor_reduce_measured", "workers", "[[bytes, seconds], ...]"),
+                                     ("tp_situ_measured", "workers", "[[bytes, seconds], ...]")):
         if field_name in d:
             try:
                 d[field_name] = {int(n): tuple((float(a), float(b)) for a, b in pts)

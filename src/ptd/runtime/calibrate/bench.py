@@ -991,6 +991,15 @@ def collective_suite(rank: int, nproc: int, plan: dict, device: torch.device, ba
                 if d is not None:
                     times.setdefault("dtensor_reduce", {})[str(n_active)] = d
             tick("DTensor all-reduce")
+        if g == 2 and device.type == "cpu" and plan.get("tp_situ_rounds"):
+            # ptd's own tp model on a pair, the other workers idle: what its collectives
+            # cost in place (with all four busy it read twice as much, and a pipeline keeps
+            # only some busy: not measured, not priced -- HardwareSpec.tp_situ_measured)
+            from .tp_situ import tp_situ
+            d = tp_situ(rank, 2, pg, one_pg, barrier, timeout, plan["tp_situ_rounds"])
+            if d is not None:
+                times.setdefault("tp_situ", {})["2"] = d
+            tick("tp collectives in place")
         if g == 2 and device.type == "cpu" and plan.get("fsdp_group_rounds"):
             # FSDP2's per-unit work on a group of two (ranks 0 and 1, the others idle)
             w = fsdp_unit_group_costs(rank, 2, pg, barrier, timeout, plan["fsdp_group_rounds"])

@@ -26,6 +26,9 @@
 * DTensor all-reduce (CPU): per workers at once, ``(bytes, extra)`` points -- what reducing
   a ``Partial`` DTensor costs beyond the plain all-reduce and beyond the same call on a
   one-rank mesh, the mean over the active ranks.
+* tp collectives in place (CPU): per workers at once, ``(bytes, residual)`` points -- what
+  each all-reduce of the calibration's tp model costs beyond the three parts above, as
+  the cost model adds them (:func:`tp_residual`).
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ import math
 import os
 from typing import Any
 
-from ...cost.comm import bus_factor, latency_steps
-from ...specs.hardware import HardwareSpec
+from ...cost.comm import bus_factor, collective_time, latency_steps
+from ...specs.hardware import HardwareSpec, hardware_from_dict
 from .fit import LinearFit, fit_linear, mean, median
 
 
@@ -201,7 +204,7 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
             "attention_ratio": median(ratios) if ratios else None,
             "attention_dtype": primary, "collectives": collectives, "blocking": blocking,
             "blocking_group": blocking_group, "dtensor_reduce": dtensor_reduce,
-            "fsdp_group": fsdp_group,
+            "fsdp_group": fsdp_group, "tp_situ": _tp_situ_points(results),
             "missing": missing}
 
 
@@ -277,6 +280,34 @@ def _dtensor_reduce_points(results: list[dict]) -> dict[int, list[list[float]]]:
     return out
 
 
+def tp_residual(point: dict[str, Any], hw: HardwareSpec, workers: int) -> float:
+    """Seconds each all-reduce of one ``tp_situ.tp_situ`` point cost beyond what the cost
+    model charges a tp collective from ``hw``'s other tables: the pair's step less the
+    one-rank mesh's (everything the pair's collectives cost, in place), less, for each
+    all-reduce, its fit (a group of 2), DTensor's extra (``dtensor_reduce_at``) and the
+    blocking wait after the mean chunk of work between two of them (the one-rank step
+    over their count), shared equally among them. Negative where those parts charge more
+    than the step took."""
+    n = sum(c for _, c in point["all_reduces"])
+    priced = sum(c * (collective_time("all_reduce", b, 2, hw) + hw.dtensor_reduce_at(b, workers))
+                 for b, c in point["all_reduces"])
+    priced += n * hw.blocking_wait_at(point["one"] / n, workers, 2)
+    return (point["tp"] - point["one"] - priced) / n
+
+
+def _tp_situ_points(results: list[dict]) -> dict[int, list[dict[str, Any]]]:
+    """Workers at once -> ``tp_situ.tp_situ``'s points by micro-batch, their times the mean
+    over the active ranks."""
+    per_n = [r["collectives"]["tp_situ"] for r in results if "tp_situ" in r.get("collectives", {})]
+    out: dict[int, list[dict[str, Any]]] = {}
+    for n in sorted({n for d in per_n for n in d}, key=int):
+        ranks = [d[n] for d in per_n if n in d]
+        out[int(n)] = [dict(p, tp=mean([r[i]["tp"] for r in ranks]),
+                            one=mean([r[i]["one"] for r in ranks]))
+                       for i, p in enumerate(ranks[0])]
+    return out
+
+
 def profile_table(summary: dict, base: HardwareSpec, name: str, device: str,
                   memory_bytes: float | None, note: str) -> dict[str, Any]:
     """The ``[hardware]`` table: ``preset = base`` plus what was measured."""
@@ -339,6 +370,13 @@ def profile_table(summary: dict, base: HardwareSpec, name: str, device: str,
             steps = min(latency_steps("all_reduce", c["group_size"], a) for a in ("ring", "tree"))
             hw["intra_node"] = {"bandwidth": c["bus_bandwidth"], "efficiency": 1.0,
                                 "latency": c["alpha"] / max(steps, 1.0)}
+    if summary.get("tp_situ") and hw.get("collectives"):
+        # priced from the tables above (the residual is what they leave out), so last
+        spec = hardware_from_dict(hw, name)
+        hw["tp_situ_measured"] = {
+            str(n): [[float(max(b for b, _ in p["all_reduces"])), tp_residual(p, spec, n)]
+                     for p in pts]
+            for n, pts in summary["tp_situ"].items()}
     fields = sorted(k for k in hw if k not in ("preset", "name"))
     hw["sources"] = {"measured": f"{note}; fields: {', '.join(fields)}",
                      **{f"{base.name}_{k}": v for k, v in base.sources.items()}}

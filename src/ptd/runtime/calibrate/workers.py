@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from ...children import die_with_parent, terminate_on_sigterm
 from .profile import BLOCKING_SIDE
+from .tp_situ import SITU_ROUNDS
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
 KiB, MiB = 2**10, 2**20
@@ -99,6 +100,9 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
                 # ms a unit forward, 0-0.55 kept backward (gloo's small all-reduces there
                 # took 0.23-3.9 ms each); it keeps the one-rank figure
                 fsdp_group_rounds=0 if cuda or quick else 20,
+                # ptd's tp model on a pair, its collectives in place (tp_situ.py): ~10 s on
+                # the 2-core EPYC; left to the full one
+                tp_situ_rounds=0 if cuda or quick else SITU_ROUNDS,
                 gemm_sizes=gemm, attn_shapes=attn,
                 attn_model_shapes=_with_small_heads(list(model_attention or []), cuda),
                 op_model=None if cuda else (op_spec or op_model()),
@@ -160,6 +164,8 @@ def stage_labels(plan: dict) -> list[str]:
         out += [f"{k} g={g}" for k in plan["kinds"] if k != "send_recv" or g == 2]
         if g == 2 and plan["device"] == "cpu":
             out += ["blocking collectives", "DTensor all-reduce"]
+            if plan.get("tp_situ_rounds"):
+                out.append("tp collectives in place")
             if plan.get("fsdp_group_rounds"):
                 out.append("FSDP units g=2")
         if g == max(plan["workers"]) and g > 2 and plan["device"] == "cpu":

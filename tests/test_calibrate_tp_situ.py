@@ -181,3 +181,12 @@ def test_only_a_full_cpu_calibration_runs_it():
     for p in (make_plan([1, 2], ["fp32"], True, "cpu"), make_plan([1, 2], ["fp32"], False, "cuda")):
         assert p["tp_situ_rounds"] == 0
         assert "tp collectives in place" not in stage_labels(p)
+
+
+def test_the_one_rank_model_holds_a_tp_ranks_shapes():
+    """Half the heads (8 -> 4 of 32), half the kv heads (4 -> 2), half of SwiGLU's 704 and
+    of the vocabulary (256 -> 128): the local shapes of a tp-2 rank, by hand."""
+    from ptd.runtime.calibrate.tp_situ import SITU_MODEL, _local
+    loc = _local(SITU_MODEL, 2)
+    assert (loc.n_heads, loc.n_kv_heads, loc.head_dim, loc.ffn_hidden, loc.vocab_size,
+            loc.hidden, loc.n_layers) == (4, 2, 32, 352, 128, 256, 2)

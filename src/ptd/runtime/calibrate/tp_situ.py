@@ -10,7 +10,10 @@ one-rank mesh at the same local shapes, 33 all-reduces, priced 105 ms;
 ``docs/data/epyc2-2026-11-29h/``). This stage times what the parts miss: the calibration's
 own tp model (:data:`SITU_MODEL`, not the user's) on a real pair and on a one-rank mesh, and
 the all-reduces the pair issues, by size. :func:`ptd.runtime.calibrate.profile.tp_residual`
-turns that into the seconds each tp collective adds beyond its priced parts.
+turns that into the seconds each tp collective adds beyond its priced parts. Only on a pair
+with the other workers idle: with four busy (two pairs at once) it read twice as much at
+2 MiB, and a pipeline keeps only some of its workers busy, so that figure priced no layout
+of the bench grid right (``HardwareSpec.tp_situ_measured``).
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from ...specs.model import ModelSpec
 
 SITU_MODEL = ModelSpec(name="calibration-tp", n_layers=2, hidden=256, n_heads=8,
                        n_kv_heads=4, ffn_hidden=704, vocab_size=256, max_seq_len=256)
-"""The model the stage times: two blocks of the default CPU model's width (hidden 256,
-SwiGLU 704, 8 heads of 32, 4 kv heads), its own -- not ``--model``'s, so that no benchmark
-row's model is timed here."""
+"""The model the stage times: two blocks at the widths of ``small``, ptd's default CPU model
+(hidden 256, SwiGLU 704, 8 heads of 32, 4 kv heads, vocabulary 256), as the DTensor-share
+stage takes them; fixed, not ``--model``'s, and at its own token counts (``ptd bench
+scaling``'s grid runs four blocks at 16 x 128)."""
 SITU_SEQ = 256
 """The stage's sequence length (``ptd train``'s default)."""
 SITU_MICRO_BATCHES = (2, 4, 8)

@@ -55,9 +55,10 @@ def test_lookup_round_trip_and_bad_tables(tmp_path):
     p.write_text('[hardware]\npreset = "cpu"\n[hardware.tp_situ_measured]\n'
                  '2 = [[524288, -0.0002], [1048576, 0.0007]]\n')
     assert load_hardware(str(p)).tp_situ_measured == {2: ((524288.0, -2e-4), (1048576.0, 7e-4))}
-    p.write_text('[hardware]\npreset = "cpu"\n[hardware.tp_situ_measured]\n2 = 0.001\n')
-    with pytest.raises(PtdError, match="tp_situ_measured"):
-        load_hardware(str(p))
+    for bad in ("0.001", "[[0, 0.001]]", "[[65536, nan]]", '[[65536, "x"]]', "[]"):
+        p.write_text(f'[hardware]\npreset = "cpu"\n[hardware.tp_situ_measured]\n2 = {bad}\n')
+        with pytest.raises(PtdError, match="tp_situ_measured"):
+            load_hardware(str(p))
 
 
 def test_the_step_adds_it_once_per_tp_collective():

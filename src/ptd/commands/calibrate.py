@@ -299,7 +299,7 @@ def render(result: dict, path: Path) -> str:
         lines += ["", "ptd's tp model in pairs (2 blocks, hidden 256), N at once: a forward and "
                   "backward on the pair and on a one-rank mesh; in place = their difference a "
                   "collective; residual = in place - what the fits, DTensor's extra and the "
-                  "blocking wait price it at (added to each tp collective)",
+                  "blocking wait price it at (added to each collective of a tp pair)",
                   table(rows, header=("N", "tokens", "bytes", "pair", "one rank", "all-reduces",
                                       "in place", "residual"))]
     fw = s.get("framework", {})

@@ -196,6 +196,15 @@ def check_hardware(hw: Any) -> None:
         for b, e in pts:
             positive(w, f"dtensor_reduce_measured[{n}] bytes", b)
             _nonneg(w, f"dtensor_reduce_measured[{n}] seconds", e)
+    for n, pts in hw.tp_situ_measured.items():
+        if not isinstance(n, int) or n < 1 or not pts:
+            raise PtdError(f"{w}tp_situ_measured wants workers (1, 2, ...) = "
+                           "[[bytes, seconds], ...]")
+        for b, e in pts:
+            positive(w, f"tp_situ_measured[{n}] bytes", b)
+            if not _num(e):  # a residual: negative where the parts charge more
+                raise PtdError(f"{w}tp_situ_measured[{n}] seconds must be a finite number, "
+                               f"got {e!r}")
     for key, per in hw.moe_layer_measured.items():
         for n, pts in per.items():
             if not isinstance(n, int) or n < 1 or not pts:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from ...cost.step import EP_ROW_ALL_TO_ALLS
 from .profile import BLOCKING_SIDE
+from .tp_situ import tp_situ
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -995,7 +996,6 @@ def collective_suite(rank: int, nproc: int, plan: dict, device: torch.device, ba
             # ptd's own tp model on a pair, the other workers idle: what its collectives
             # cost in place (with all four busy it read twice as much, and a pipeline keeps
             # only some busy: not measured, not priced -- HardwareSpec.tp_situ_measured)
-            from .tp_situ import tp_situ
             d = tp_situ(rank, 2, pg, one_pg, barrier, timeout, plan["tp_situ_rounds"])
             if d is not None:
                 times.setdefault("tp_situ", {})["2"] = d

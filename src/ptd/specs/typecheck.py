@@ -189,22 +189,17 @@ def check_hardware(hw: Any) -> None:
             for c, wt in pts:
                 _nonneg(w, f"{table}[{n}] chunk", c)
                 _nonneg(w, f"{table}[{n}] wait", wt)
-    for n, pts in hw.dtensor_reduce_measured.items():
-        if not isinstance(n, int) or n < 1 or not pts:
-            raise PtdError(f"{w}dtensor_reduce_measured wants workers (1, 2, ...) = "
-                           "[[bytes, seconds], ...]")
-        for b, e in pts:
-            positive(w, f"dtensor_reduce_measured[{n}] bytes", b)
-            _nonneg(w, f"dtensor_reduce_measured[{n}] seconds", e)
-    for n, pts in hw.tp_situ_measured.items():
-        if not isinstance(n, int) or n < 1 or not pts:
-            raise PtdError(f"{w}tp_situ_measured wants workers (1, 2, ...) = "
-                           "[[bytes, seconds], ...]")
-        for b, e in pts:
-            positive(w, f"tp_situ_measured[{n}] bytes", b)
-            if not _num(e):  # a residual: negative where the parts charge more
-                raise PtdError(f"{w}tp_situ_measured[{n}] seconds must be a finite number, "
-                               f"got {e!r}")
+    # (tp_situ_measured is a residual: negative where the parts it corrects charge more)
+    for table, signed in (("dtensor_reduce_measured", False), ("tp_situ_measured", True)):
+        for n, pts in getattr(hw, table).items():
+            if not isinstance(n, int) or n < 1 or not pts:
+                raise PtdError(f"{w}{table} wants workers (1, 2, ...) = [[bytes, seconds], ...]")
+            for b, e in pts:
+                positive(w, f"{table}[{n}] bytes", b)
+                if signed and not _num(e):
+                    raise PtdError(f"{w}{table}[{n}] seconds must be a finite number, got {e!r}")
+                if not signed:
+                    _nonneg(w, f"{table}[{n}] seconds", e)
     for key, per in hw.moe_layer_measured.items():
         for n, pts in per.items():
             if not isinstance(n, int) or n < 1 or not pts:

@@ -2,7 +2,7 @@
 a worktree of main (``git worktree add /tmp/mutwt HEAD``, the new test file copied in) and
 run against tests/test_mut_cost_step4.py; the file restored after. Run from the worktree:
     /work/main/.venv/bin/python docs/data/epyc2-2026-11-30/mutants_step.py"""
-import subprocess, sys
+import subprocess
 F = "src/ptd/cost/step.py"
 MUT = [
  ("bubble += m * (2 * v - 1) * cluster.blocking_wait((f + b + rc) / (2 * v))", "bubble += m * (2 * v - 1) * cluster.blocking_wait((f * b + rc) / (2 * v))"),

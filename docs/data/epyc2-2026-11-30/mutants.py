@@ -1,0 +1,40 @@
+"""The real survivors of the twenty-ninth session's mutation samples of cost/step.py and
+runtime/calibrate/profile.py, each applied to a worktree of main (``git worktree add
+/tmp/mutwt HEAD``, the new test files in it) and run against the test file written for
+them; the source file restored after. Run from the worktree:
+    /work/main/.venv/bin/python docs/data/epyc2-2026-11-30/mutants.py step|profile"""
+import subprocess
+import sys
+
+TARGETS = {
+    "step": ("src/ptd/cost/step.py", "tests/test_mut_cost_step4.py", [
+        ("bubble += m * (2 * v - 1) * cluster.blocking_wait((f + b + rc) / (2 * v))",
+         "bubble += m * (2 * v - 1) * cluster.blocking_wait((f * b + rc) / (2 * v))"),
+        ("n_exp = sum(P.is_routed_expert(p) for p in layer) * mbt.nl",
+         "n_exp = sum(P.is_routed_expert(p) for p in layer) / mbt.nl"),
+        ("exp_numel = MOE.routed_expert_numel(model) // plan.ep * mbt.nl",
+         "exp_numel = MOE.routed_expert_numel(model) - plan.ep * mbt.nl"),
+        ("n_b = nl * tpc.n_b + (1 if r == last else 0)",
+         "n_b = nl * tpc.n_b + (1 if r <= last else 0)"),
+        ("if plan.zero >= 1 and edp > 1:", "if plan.zero >= 1 and edp <= 1:"),
+        ("if plan.ep > 1 and not dtensor_params:", "if plan.ep > 1 or not dtensor_params:")]),
+    "profile": ("src/ptd/runtime/calibrate/profile.py", "tests/test_mut_calibrate2.py", [
+        ("return 3.5 * 0.5 * 4.0 * b * h * s * s * d", "return 3.5 * 0.5 * 4.0 / b * h * s * s * d"),
+        ('if fit else pts.get("0", (0.0, min(p[1] for p in pts.values())))[1])',
+         'if fit else pts.get("0", (0.0, min(p[ 0] for p in pts.values())))[1])'),
+        ('hw["cpus"] = os.cpu_count() or 0', 'hw["cpus"] = os.cpu_count() or 1')]),
+}
+path, test, mutants = TARGETS[sys.argv[1]]
+orig = open(path).read()
+try:
+    for a, b in mutants:
+        assert orig.count(a) == 1, a
+        open(path, "w").write(orig.replace(a, b))
+        r = subprocess.run(["/work/main/.venv/bin/python", "-m", "pytest", "-q", "-n", "0", "-p",
+                            "no:cacheprovider", test], capture_output=True, text=True,
+                           env={"PYTHONPATH": "/tmp/mutwt/src:/tmp/mutwt/tests",
+                                "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+        print("KILLED" if r.returncode else "SURVIVED", "|", b, "|",
+              r.stdout.strip().splitlines()[-1])
+finally:
+    open(path, "w").write(orig)

@@ -1,8 +1,8 @@
-"""The real survivors of the twenty-ninth session's mutation samples of cost/step.py and
-runtime/calibrate/profile.py, each applied to a worktree of main (``git worktree add
+"""The real survivors of the twenty-ninth session's mutation samples of cost/step.py,
+runtime/calibrate/profile.py and cost/dp.py, each applied to a worktree of main (``git worktree add
 /tmp/mutwt HEAD``, the new test files in it) and run against the test file written for
 them; the source file restored after. Run from the worktree:
-    /work/main/.venv/bin/python docs/data/epyc2-2026-11-30/mutants.py step|profile"""
+    /work/main/.venv/bin/python docs/data/epyc2-2026-11-30/mutants.py step|profile|dp"""
 import subprocess
 import sys
 
@@ -23,6 +23,10 @@ TARGETS = {
         ('if fit else pts.get("0", (0.0, min(p[1] for p in pts.values())))[1])',
          'if fit else pts.get("0", (0.0, min(p[ 0] for p in pts.values())))[1])'),
         ('hw["cpus"] = os.cpu_count() or 0', 'hw["cpus"] = os.cpu_count() or 1')]),
+    "dp": ("src/ptd/cost/dp.py", "tests/test_mut_cost_dp3.py", [
+        ("b = blk.backward + blk.recompute(plan.recompute, recompute_early_stop) + 2 * (mbt.ar + mbt.wait)",
+         "b = blk.backward + blk.recompute(plan.recompute, recompute_early_stop) % 2 * (mbt.ar + mbt.wait)"),
+        ("gather, reduce = 2 * c * n, 0.0", "gather, reduce = 2 * c * n, -1.0")]),
 }
 path, test, mutants = TARGETS[sys.argv[1]]
 orig = open(path).read()

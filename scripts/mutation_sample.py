@@ -17,6 +17,11 @@ Usage (from the repository root, cosmic-ray installed: pip install -e '.[mutatio
     nice -n 10 cosmic-ray exec runs/mutation/parallel.toml runs/mutation/parallel.sqlite
     git checkout -- src            # belt and braces: cosmic-ray restores each file itself
     python scripts/mutation_sample.py report runs/mutation/parallel.sqlite [--survivors]
+
+The toml's test-command should start ``env PYTHONDONTWRITEBYTECODE=1`` and no __pycache__
+should be left under src before ``exec`` (as ``scripts/mutation`` does): Python runs a cached
+.pyc whose source has the same length and the same mtime in whole seconds, so a file written
+within the second of the one before it runs as that one.
 """
 
 from __future__ import annotations

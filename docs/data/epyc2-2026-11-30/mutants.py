@@ -29,16 +29,22 @@ TARGETS = {
         ("gather, reduce = 2 * c * n, 0.0", "gather, reduce = 2 * c * n, -1.0")]),
 }
 path, test, mutants = TARGETS[sys.argv[1]]
+# No bytecode: a mutant written within the second of the one before, at the same size, would
+# otherwise run as that one's cached .pyc (Python checks a source's mtime in whole seconds)
+subprocess.run(["find", "src", "tests", "-name", "__pycache__", "-prune", "-exec", "rm", "-rf",
+                "{}", "+"], check=True)
 orig = open(path).read()
 try:
     for a, b in mutants:
         assert orig.count(a) == 1, a
         open(path, "w").write(orig.replace(a, b))
         r = subprocess.run(["/work/main/.venv/bin/python", "-m", "pytest", "-q", "-n", "0", "-p",
-                            "no:cacheprovider", test], capture_output=True, text=True,
+                            "no:cacheprovider", "-rf", test], capture_output=True, text=True,
                            env={"PYTHONPATH": "/tmp/mutwt/src:/tmp/mutwt/tests",
-                                "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
-        print("KILLED" if r.returncode else "SURVIVED", "|", b, "|",
-              r.stdout.strip().splitlines()[-1])
+                                "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
+                                "PATH": "/usr/bin:/bin"})
+        failed = [ln.split("::")[-1].split(" ")[0] for ln in r.stdout.splitlines()
+                  if ln.startswith("FAILED")]
+        print("KILLED" if r.returncode else "SURVIVED", "|", b, "|", ", ".join(failed))
 finally:
     open(path, "w").write(orig)

@@ -1,8 +1,8 @@
 """The real survivors of the twenty-ninth session's mutation samples of cost/step.py,
-runtime/calibrate/profile.py and cost/dp.py, each applied to a worktree of main (``git worktree add
+runtime/calibrate/profile.py, cost/dp.py and specs/hardware.py, each applied to a worktree of main (``git worktree add
 /tmp/mutwt HEAD``, the new test files in it) and run against the test file written for
 them; the source file restored after. Run from the worktree:
-    /work/main/.venv/bin/python docs/data/epyc2-2026-11-30/mutants.py step|profile|dp"""
+    /work/main/.venv/bin/python docs/data/epyc2-2026-11-30/mutants.py step|profile|dp|hardware"""
 import subprocess
 import sys
 
@@ -27,6 +27,17 @@ TARGETS = {
         ("b = blk.backward + blk.recompute(plan.recompute, recompute_early_stop) + 2 * (mbt.ar + mbt.wait)",
          "b = blk.backward + blk.recompute(plan.recompute, recompute_early_stop) % 2 * (mbt.ar + mbt.wait)"),
         ("gather, reduce = 2 * c * n, 0.0", "gather, reduce = 2 * c * n, -1.0")]),
+    "hardware": ("src/ptd/specs/hardware.py", "tests/test_mut_specs_hardware.py", [
+        ("if not 1 <= self.spine_oversubscription <= 1000:",
+         "if not 0 <= self.spine_oversubscription <= 1000:"),
+        ("               if not 0 < r < math.inf]", "               if not 0 <= r < math.inf]"),
+        ('"bf16": {1: 5.07 * G, 2: 5.06 * G, 4: 2.67 * G}},',
+         '"bf16": {1: 5.07 * G, 2: 5.06 + G, 4: 2.67 * G}},'),
+        ('_gpu("a100-40g", fp32=19.5 * T, tf32=156 * T,', '_gpu("a100-40g", fp32=19.5 * T, tf32= 155 * T,'),
+        ("bw=1555 * G, nvlink=300 * G, nic=25 * G,", "bw=1555 * G, nvlink= 299 * G, nic=25 * G,"),
+        ("bw=1555 * G, nvlink=300 * G, nic=25 * G,", "bw=1555 * G, nvlink=300 * G, nic= 24 * G,"),
+        ("attn_peak_frac=0.6, attn_src=_FA2_A100, sms=108, comm_sms=24,\n             comm_sms_src=_COMM_SMS_A100),\n        _gpu(\"a100-80g\"",
+         "attn_peak_frac=0.6, attn_src=_FA2_A100, sms= 107, comm_sms=24,\n             comm_sms_src=_COMM_SMS_A100),\n        _gpu(\"a100-80g\"")]),
 }
 path, test, mutants = TARGETS[sys.argv[1]]
 # No bytecode: a mutant written within the second of the one before, at the same size, would

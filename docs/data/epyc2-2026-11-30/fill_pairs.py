@@ -15,7 +15,8 @@ def rate(plan, cluster, mbt, cp_exposed):
     if MODE["k"] and mbt.wait > 0:
         # number of blocking collectives on the rank: from the counts the step uses
         tpc = ST._tp_collectives(MODEL, plan, cluster, plan.seq_len * plan.micro_batch, True, False, "autocast")
-        n = mbt.nl * (tpc.n_f + tpc.n_b) + 1 + tpc.n_out_f + 1  # worst-case rank, ends
+        # the last rank's collectives (the slowest rank here: it holds the output layer)
+        n = mbt.nl * (tpc.n_f + tpc.n_b) + tpc.n_out_f + 1
         waiting = n * mbt.wait + cp_exposed
     return ST.pipeline_sharing(cluster, plan.dtype, plan.tp * plan.cp, plan.n_microbatches,
                                ST._fill(plan), mbt.f + mbt.b + mbt.rc, waiting)

@@ -1,8 +1,8 @@
 """The real survivors of the twenty-ninth session's mutation samples of cost/step.py,
-runtime/calibrate/profile.py, cost/dp.py and specs/hardware.py, each applied to a worktree of main (``git worktree add
+runtime/calibrate/profile.py, cost/dp.py, cost/estimate.py and specs/hardware.py, each applied to a worktree of main (``git worktree add
 /tmp/mutwt HEAD``, the new test files in it) and run against the test file written for
 them; the source file restored after. Run from the worktree:
-    /work/main/.venv/bin/python docs/data/epyc2-2026-11-30/mutants.py step|profile|dp|hardware"""
+    /work/main/.venv/bin/python docs/data/epyc2-2026-11-30/mutants.py step|profile|dp|estimate|hardware"""
 import subprocess
 import sys
 
@@ -27,6 +27,10 @@ TARGETS = {
         ("b = blk.backward + blk.recompute(plan.recompute, recompute_early_stop) + 2 * (mbt.ar + mbt.wait)",
          "b = blk.backward + blk.recompute(plan.recompute, recompute_early_stop) % 2 * (mbt.ar + mbt.wait)"),
         ("gather, reduce = 2 * c * n, 0.0", "gather, reduce = 2 * c * n, -1.0")]),
+    "estimate": ("src/ptd/cost/estimate.py", "tests/test_mut_cost_estimate2.py", [
+        ('and options.convention == "ptd")', 'and options.convention > "ptd")'),
+        ("model_parallel = plan.tp > 1 or plan.pp > 1 or plan.cp > 1 or plan.ep > 1",
+         "model_parallel = plan.tp > 1 or plan.pp > 1 and plan.cp > 1 or plan.ep > 1")]),
     "hardware": ("src/ptd/specs/hardware.py", "tests/test_mut_specs_hardware.py", [
         ("if not 1 <= self.spine_oversubscription <= 1000:",
          "if not 0 <= self.spine_oversubscription <= 1000:"),

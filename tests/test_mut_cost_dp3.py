@@ -10,6 +10,7 @@ from ptd.cost import compute as C
 from ptd.cost import dp as DP
 from ptd.cost.step import MicroBatch
 from ptd.specs import ClusterSpec, ModelSpec, ParallelPlan, load_hardware
+from test_mut_cost_step4 import _wait_line
 
 MODEL = ModelSpec(name="t", n_layers=4, hidden=64, n_heads=4, n_kv_heads=4, ffn_hidden=128,
                   vocab_size=256, max_seq_len=64)
@@ -30,7 +31,7 @@ def test_a_zero3_backward_gather_waits_after_the_recomputed_forward_too():
     plan = ParallelPlan(dp=2, zero=3, micro_batch=1, global_batch=4, seq_len=64,
                         recompute="full")
     assert plan.n_microbatches == 2
-    waits = ClusterSpec(H100.replace(blocking_wait_measured={2: ((0.0, 1e-3), (1.0, 0.101))}), 2, 8)
+    waits = ClusterSpec(H100.replace(blocking_wait_measured=_wait_line(1e-3, 0.1, 2)), 2, 8)
     assert DP._cpu_late_peers(MODEL, plan, waits, mbt, True, 2) == pytest.approx(0.0506, rel=1e-9)
 
 

@@ -846,8 +846,8 @@ def test_a_full_calibration_times_fsdp_units_on_groups_a_quick_one_does_not():
     full = make_plan([1, 2, 4], ["fp32"], False, "cpu")
     assert full["fsdp_group_rounds"] == 20
     labels = stage_labels(full)
-    assert labels.index("FSDP units g=2") == labels.index("tp collectives in place") + 1 \
-        == labels.index("DTensor all-reduce") + 2
+    assert labels.index("FSDP units g=2") == labels.index("ZeRO-3 in place") + 1 \
+        == labels.index("tp collectives in place") + 2 == labels.index("DTensor all-reduce") + 3
     assert labels.index("FSDP units g=4") == labels.index("blocking collectives g=4") - 1
     for plan in (make_plan([1, 2, 4], ["fp32"], True, "cpu"),
                  make_plan([1, 2], ["fp32"], False, "cuda")):
@@ -874,3 +874,26 @@ def test_the_printed_fsdp_table_says_where_each_figure_was_timed(calibrated, ptd
     assert rc == 0
     rows = {line.split()[0]: line for line in text.split("FSDP2's own work")[1].splitlines()[3:5]}
     assert rows["1"].endswith("one-rank mesh") and rows["2"].endswith("group of N")
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(180)
+def test_the_printed_zero3_in_place_table(calibrated, ptd_cli, monkeypatch, tmp_path):
+    # a full calibration's ZeRO-3 point (a quick one has none): in place = (ZeRO-3 - plain)
+    # over 2 gathers of each of 3 units, beside the residual the profile stored
+    import ptd.runtime.calibrate as C
+    _, out, err = calibrated
+    assert "ZeRO-3 in place" not in err and not out["summary"]["fsdp_situ"]
+    result = {k: out[k] for k in ("hardware", "meta", "summary")} | {"plan": {}}
+    for c in result["summary"]["collectives"]:
+        c["times"] = {int(b): t for b, t in c["times"].items()}
+    result["summary"]["fsdp_situ"] = {"2": [{"tokens": 1024, "units": 3, "unit_bytes": 2951168.0,
+                                             "fsdp": [0.06, 0.12], "plain": [0.045, 0.09]}]}
+    result["hardware"]["fsdp_situ_measured"] = {"2": [[2951168.0, 0.0021]]}
+    monkeypatch.setattr(C, "calibrate", lambda *a, **k: copy.deepcopy(result))
+    monkeypatch.setenv("PTD_HOME", str(tmp_path))
+    rc, text, _ = ptd_cli("calibrate", "--workers", "1,2", "--quick", "--name", "z3")
+    assert rc == 0
+    row = text.split("under ptd's ZeRO-3 in pairs")[1].splitlines()[3].split()
+    assert row[:3] == ["2", "1024", "3"]
+    assert " ".join(row[3:]) == "180 ms 135 ms 7.5 ms 2.1 ms"

@@ -302,6 +302,17 @@ def render(result: dict, path: Path) -> str:
                   "blocking wait price it at (added to each collective of a tp pair)",
                   table(rows, header=("N", "tokens", "bytes", "pair", "one rank", "all-reduces",
                                       "in place", "residual"))]
+    if s.get("fsdp_situ") and hw.get("fsdp_situ_measured"):
+        rows = [(n, p["tokens"], p["units"], duration(sum(p["fsdp"])), duration(sum(p["plain"])),
+                 duration((sum(p["fsdp"]) - sum(p["plain"])) / (2 * p["units"])), duration(resid))
+                for n, pts in s["fsdp_situ"].items()
+                for p, (_, resid) in zip(pts, hw["fsdp_situ_measured"][str(n)])]
+        lines += ["", "the same model under ptd's ZeRO-3 in pairs (a unit a block and the root), "
+                  "N at once: a forward and backward with and without FSDP; in place = their "
+                  "difference a gather (each unit twice); residual = in place - what ptd "
+                  "estimate prices ZeRO-3 at (charged on each ZeRO-3 gather of a pair)",
+                  table(rows, header=("N", "tokens", "units", "ZeRO-3", "plain", "in place",
+                                      "residual"))]
     fw = s.get("framework", {})
     if fw.get("fsdp_unit_forward"):
         rows = [(n, duration(fw["fsdp_unit_forward"][n]), duration(fw["fsdp_unit_backward"][n]),

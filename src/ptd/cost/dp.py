@@ -186,16 +186,26 @@ def fsdp_unit_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, n
     block, ZeRO-1/2 one per ``k`` blocks (:func:`ptd.cost.params.zero12_unit_blocks`),
     plus the root (one per pipeline chunk) and, under ep, each MoE layer's experts. Every
     micro-batch runs every unit's hooks; ZeRO-1's micro-batches before the last reduce
-    nothing, which this prices as if they did."""
+    nothing, which this prices as if they did.
+
+    ZeRO-3 over a pair also pays, on each gather (a unit's forward and its backward, every
+    micro-batch), what its work costs in place beyond every priced part
+    (``HardwareSpec.fsdp_situ_measured``, read at a block unit's bytes; 2-3 ms a gather on
+    the 2-core EPYC, where the hooks read 0.6), the unit's cost in each pass not below 0."""
     keep = "" if plan.zero >= 3 else "_keep"
-    f = cluster.overhead(f"fsdp_unit{keep}_forward")
-    b = cluster.overhead(f"fsdp_unit{keep}_backward")
-    if not f and not b:
+    f = cluster.overhead(f"fsdp_unit{keep}_forward") or 0.0
+    b = cluster.overhead(f"fsdp_unit{keep}_backward") or 0.0
+    situ = 0.0
+    if plan.zero >= 3 and plan.dp == 2 and plan.cp == 1:
+        # FSDP gathers the unit's parameters in the training dtype (fp32 on a CPU)
+        unit = P.local_block_numel(model, plan.tp, plan.ep) * DTYPE_BYTES[plan.dtype]
+        situ = cluster.fsdp_situ(unit)
+    if not f and not b and not situ:
         return 0.0, 0.0
     blocks = nl if plan.zero >= 3 else nl // P.zero12_unit_blocks(model, plan.tp, plan.ep)
     units = blocks + (plan.vpp if plan.pp > 1 else 1) + (nl if plan.ep > 1 and model.is_moe else 0)
     m = plan.n_microbatches
-    return m * units * (f or 0.0), m * units * (b or 0.0)
+    return m * units * max(0.0, f + situ), m * units * max(0.0, b + situ)
 
 
 def fsdp_copy_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec

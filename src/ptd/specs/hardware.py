@@ -224,6 +224,20 @@ class HardwareSpec:
     presets).
     (2026-11-29, 2 cores: the parts left ~24% of the tp collectives' cost out at 1 and
     2 MiB.)"""
+    fsdp_situ_measured: dict[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    """From ``ptd calibrate`` (CPU): what each gather of ptd's ZeRO-3 costs in place beyond
+    what the cost model charges it from the other tables (its ``collectives`` fit, the
+    late-peer wait, FSDP's copies at the measured memory bandwidth, the per-unit hooks of
+    ``overheads_measured["fsdp_unit_*"]``) -- the calibration's own model under ZeRO-3
+    (``runtime/calibrate/fsdp_situ.py``) timed on a pair and without FSDP, the difference
+    less the priced parts shared among its gathers (a unit's forward and its backward each
+    gather it once a micro-batch). By workers at once, points ``(bytes a unit gathers,
+    seconds)``, measured in pairs; it may be negative. Read along the least-squares line
+    through the points (one point: flat) and charged on every ZeRO-3 gather of a
+    data-parallel pair (a unit's per-unit cost not below 0), with at most as many workers
+    busy as measured; larger groups and ZeRO-1/2 get none (not measured in place); absent:
+    nothing (GPUs, presets). (2026-11-30, 2 cores: 2.3-3.1 ms a gather, three probes,
+    ``docs/data/epyc2-2026-11-30b/``.)"""
     moe_layer_measured: dict[str, dict[int, tuple[tuple[float, float, float], ...]]] = field(
         default_factory=dict)
     """From ``ptd calibrate --model M`` (CPU; M a mixture-of-experts model): M's MoE layer --
@@ -385,6 +399,15 @@ class HardwareSpec:
             return 0.0
         return _line_at(self.tp_situ_measured, nbytes, workers_per_node, floor=False)
 
+    def fsdp_situ_at(self, nbytes: float, workers_per_node: int = 1) -> float:
+        """Seconds a ZeRO-3 gather of a unit of ``nbytes`` costs in place beyond its priced
+        parts while ``workers_per_node`` run (``fsdp_situ_measured``): as
+        :meth:`tp_situ_at`, negative where the points are, 0 where absent or where more
+        workers run than any measured count."""
+        if not self.fsdp_situ_measured or workers_per_node > max(self.fsdp_situ_measured):
+            return 0.0
+        return _line_at(self.fsdp_situ_measured, nbytes, workers_per_node, floor=False)
+
     def moe_layer_at(self, key: str, tokens: float, workers_per_node: int = 1
                      ) -> tuple[float, float] | None:
         """(forward, backward) seconds of the MoE layer ``key`` on ``tokens`` tokens while
@@ -427,7 +450,7 @@ class HardwareSpec:
                                        for n, pts in self.blocking_wait_measured.items()}
         d["blocking_wait_group_measured"] = {
             str(n): [list(p) for p in pts] for n, pts in self.blocking_wait_group_measured.items()}
-        for k in ("dtensor_reduce_measured", "tp_situ_measured"):
+        for k in ("dtensor_reduce_measured", "tp_situ_measured", "fsdp_situ_measured"):
             d[k] = {str(n): [list(p) for p in pts] for n, pts in getattr(self, k).items()}
         d["moe_layer_measured"] = {k: {str(n): [list(p) for p in pts] for n, pts in t.items()}
                                    for k, t in self.moe_layer_measured.items()}
@@ -531,6 +554,11 @@ class ClusterSpec:
         """What a tensor-parallel all-reduce of ``nbytes`` costs in place beyond its priced
         parts, with the node's workers running (0 where not calibrated; may be negative)."""
         return self.hardware.tp_situ_at(nbytes, self.workers_per_node)
+
+    def fsdp_situ(self, nbytes: float) -> float:
+        """What a ZeRO-3 gather of a unit of ``nbytes`` costs in place beyond its priced
+        parts, with the node's workers running (0 where not calibrated; may be negative)."""
+        return self.hardware.fsdp_situ_at(nbytes, self.workers_per_node)
 
     def blocking_wait(self, chunk: float, group: int = 2) -> float:
         """The wait a blocking collective of ``group`` ranks adds after ``chunk`` seconds of
@@ -742,7 +770,8 @@ def hardware_from_dict(d: dict[str, Any], name: str = "custom") -> HardwareSpec:
     for field_name, keyed, point in (("blocking_wait_measured", "workers", waits),
                                      ("blocking_wait_group_measured", "group", waits),
                                      ("dtensor_reduce_measured", "workers", "[[bytes, seconds], ...]"),
-                                     ("tp_situ_measured", "workers", "[[bytes, seconds], ...]")):
+                                     ("tp_situ_measured", "workers", "[[bytes, seconds], ...]"),
+                                     ("fsdp_situ_measured", "workers", "[[bytes, seconds], ...]")):
         if field_name in d:
             try:
                 d[field_name] = {int(n): tuple((float(a), float(b)) for a, b in pts)

@@ -189,8 +189,9 @@ def check_hardware(hw: Any) -> None:
             for c, wt in pts:
                 _nonneg(w, f"{table}[{n}] chunk", c)
                 _nonneg(w, f"{table}[{n}] wait", wt)
-    # (tp_situ_measured is a residual: negative where the parts it corrects charge more)
-    for table, signed in (("dtensor_reduce_measured", False), ("tp_situ_measured", True)):
+    # (the *_situ_measured are residuals: negative where the parts they correct charge more)
+    for table, signed in (("dtensor_reduce_measured", False), ("tp_situ_measured", True),
+                          ("fsdp_situ_measured", True)):
         for n, pts in getattr(hw, table).items():
             if not isinstance(n, int) or n < 1 or not pts:
                 raise PtdError(f"{w}{table} wants workers (1, 2, ...) = [[bytes, seconds], ...]")

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from ...cost.step import EP_ROW_ALL_TO_ALLS
 from .profile import BLOCKING_SIDE
+from .fsdp_situ import fsdp_situ
 from .tp_situ import tp_situ
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -1000,6 +1001,13 @@ def collective_suite(rank: int, nproc: int, plan: dict, device: torch.device, ba
             if d is not None:
                 times.setdefault("tp_situ", {})["2"] = d
             tick("tp collectives in place")
+        if g == 2 and device.type == "cpu" and plan.get("fsdp_situ_rounds"):
+            # ptd's ZeRO-3 on the same model on a pair, the others idle: what its gathers
+            # cost in place (HardwareSpec.fsdp_situ_measured)
+            d = fsdp_situ(rank, 2, pg, barrier, timeout, plan["fsdp_situ_rounds"])
+            if d is not None:
+                times.setdefault("fsdp_situ", {})["2"] = d
+            tick("ZeRO-3 in place")
         if g == 2 and device.type == "cpu" and plan.get("fsdp_group_rounds"):
             # FSDP2's per-unit work on a group of two (ranks 0 and 1, the others idle)
             w = fsdp_unit_group_costs(rank, 2, pg, barrier, timeout, plan["fsdp_group_rounds"])

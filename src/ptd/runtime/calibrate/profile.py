@@ -29,16 +29,21 @@
 * tp collectives in place (CPU): per workers at once, ``(bytes, residual)`` points -- what
   each all-reduce of the calibration's tp model costs beyond the three parts above, as
   the cost model adds them (:func:`tp_residual`).
+* ZeRO-3 in place (CPU): per workers at once, ``(bytes, residual)`` points -- what each
+  gather of the calibration's model under ZeRO-3 costs beyond everything the cost model
+  prices it at (:func:`fsdp_residual`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any
 
 from ...cost.comm import bus_factor, collective_time, latency_steps
-from ...specs.hardware import HardwareSpec, hardware_from_dict
+from ...specs.hardware import ClusterSpec, HardwareSpec, hardware_from_dict
+from ...specs.plan import ParallelPlan
 from .fit import LinearFit, fit_linear, mean, median
 
 
@@ -205,6 +210,7 @@ def summarize(plan: dict, results: list[dict]) -> dict[str, Any]:
             "attention_dtype": primary, "collectives": collectives, "blocking": blocking,
             "blocking_group": blocking_group, "dtensor_reduce": dtensor_reduce,
             "fsdp_group": fsdp_group, "tp_situ": _tp_situ_points(results),
+            "fsdp_situ": _fsdp_situ_points(results),
             "missing": missing}
 
 
@@ -308,6 +314,38 @@ def _tp_situ_points(results: list[dict]) -> dict[int, list[dict[str, Any]]]:
     return out
 
 
+def fsdp_residual(point: dict[str, Any], hw: HardwareSpec, workers: int) -> float:
+    """Seconds each gather of one ``fsdp_situ.fsdp_situ`` point cost beyond what the cost
+    model charges ZeRO-3 from ``hw``'s other tables: the ZeRO-3 forward and backward less
+    the plain model's (everything FSDP cost, in place), less what ``ptd estimate`` prices
+    ZeRO-3 over that pair above the same computation (its forward and backward, which
+    hold FSDP's copies and per-unit hooks, and its exposed communication, less the forward
+    and backward of the same plan without ZeRO), shared among the gathers: each unit's
+    forward and its backward gather it once. Negative where those parts charge more."""
+    from ...cost.estimate import estimate
+    from .fsdp_situ import SITU_MODEL, SITU_SEQ
+    mb = point["tokens"] // SITU_SEQ
+    zero3 = ParallelPlan(dp=2, zero=3, seq_len=SITU_SEQ, micro_batch=mb, global_batch=2 * mb)
+    cluster = ClusterSpec(hw, workers)
+    z = estimate(SITU_MODEL, cluster, zero3).step
+    d = estimate(SITU_MODEL, cluster, dataclasses.replace(zero3, zero=0)).step
+    priced = z.forward + z.backward + z.dp_comm_exposed - d.forward - d.backward
+    return (sum(point["fsdp"]) - sum(point["plain"]) - priced) / (2 * point["units"])
+
+
+def _fsdp_situ_points(results: list[dict]) -> dict[int, list[dict[str, Any]]]:
+    """Workers at once -> ``fsdp_situ.fsdp_situ``'s point (a list of one), its times the
+    mean over the active ranks."""
+    per_n = [r["collectives"]["fsdp_situ"] for r in results
+             if "fsdp_situ" in r.get("collectives", {})]
+    out: dict[int, list[dict[str, Any]]] = {}
+    for n in sorted({n for d in per_n for n in d}, key=int):
+        ranks = [d[n] for d in per_n if n in d]
+        out[int(n)] = [dict(ranks[0], **{k: [mean([r[k][i] for r in ranks]) for i in (0, 1)]
+                                          for k in ("fsdp", "plain")})]
+    return out
+
+
 def profile_table(summary: dict, base: HardwareSpec, name: str, device: str,
                   memory_bytes: float | None, note: str) -> dict[str, Any]:
     """The ``[hardware]`` table: ``preset = base`` plus what was measured."""
@@ -377,6 +415,11 @@ def profile_table(summary: dict, base: HardwareSpec, name: str, device: str,
             str(n): [[float(max(b for b, _ in p["all_reduces"])), tp_residual(p, spec, n)]
                      for p in pts]
             for n, pts in summary["tp_situ"].items()}
+    if summary.get("fsdp_situ") and hw.get("collectives"):
+        spec = hardware_from_dict(hw, name)  # (without this table: the residual is beyond it)
+        hw["fsdp_situ_measured"] = {
+            str(n): [[float(p["unit_bytes"]), fsdp_residual(p, spec, n)] for p in pts]
+            for n, pts in summary["fsdp_situ"].items()}
     fields = sorted(k for k in hw if k not in ("preset", "name"))
     hw["sources"] = {"measured": f"{note}; fields: {', '.join(fields)}",
                      **{f"{base.name}_{k}": v for k, v in base.sources.items()}}

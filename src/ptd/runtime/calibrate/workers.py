@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from ...children import die_with_parent, terminate_on_sigterm
 from .profile import BLOCKING_SIDE
+from .fsdp_situ import FSDP_SITU_ROUNDS
 from .tp_situ import SITU_ROUNDS
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
@@ -103,6 +104,8 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
                 # ptd's tp model on a pair, its collectives in place (tp_situ.py): ~10 s on
                 # the 2-core EPYC; left to the full one
                 tp_situ_rounds=0 if cuda or quick else SITU_ROUNDS,
+                # ptd's ZeRO-3 on that model on a pair (fsdp_situ.py): ~5 s; the full one only
+                fsdp_situ_rounds=0 if cuda or quick else FSDP_SITU_ROUNDS,
                 gemm_sizes=gemm, attn_shapes=attn,
                 attn_model_shapes=_with_small_heads(list(model_attention or []), cuda),
                 op_model=None if cuda else (op_spec or op_model()),
@@ -166,6 +169,8 @@ def stage_labels(plan: dict) -> list[str]:
             out += ["blocking collectives", "DTensor all-reduce"]
             if plan.get("tp_situ_rounds"):
                 out.append("tp collectives in place")
+            if plan.get("fsdp_situ_rounds"):
+                out.append("ZeRO-3 in place")
             if plan.get("fsdp_group_rounds"):
                 out.append("FSDP units g=2")
         if g == max(plan["workers"]) and g > 2 and plan["device"] == "cpu":

@@ -72,7 +72,11 @@ def test_the_step_charges_it_once_per_zero3_gather_of_a_pair():
                     (_tiny_plan(dp=4, global_batch=16), 4), (_tiny_plan(tp=2), 4)):
         assert estimate(model, ClusterSpec(hw, n), plan).step.total == \
             estimate(model, ClusterSpec(cpu, n), plan).step.total
-    # a pair beside another (dp 2 x tp 2 on four workers) where four were measured: charged
+    # a pair beside another (dp 2 x tp 2 on four workers) where four were measured: charged;
+    # a group of four on them: not (a gather waits for three peers, not measured in place)
+    dp4 = _tiny_plan(dp=4, global_batch=16)
+    assert estimate(model, ClusterSpec(four, 4), dp4).step.total == \
+        estimate(model, ClusterSpec(cpu, 4), dp4).step.total
     tp2 = _tiny_plan(tp=2)
     assert estimate(model, ClusterSpec(four, 4), tp2).step.total - \
         estimate(model, ClusterSpec(cpu, 4), tp2).step.total == pytest.approx(4 * 5 * r)

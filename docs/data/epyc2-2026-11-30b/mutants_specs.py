@@ -1,13 +1,28 @@
-"""The real survivors of the thirtieth session's cosmic-ray sample of specs/typecheck.py
-(seed 20261130, 40 of 626; 20 killed, 4 annotations, 2 equivalent, 14 real), each applied to
-a worktree of main (``git worktree add /tmp/mutwt HEAD``, tests/test_mut_specs_typecheck.py
-in it) and run against that file; the source restored after. The four annotation mutants are
-run against tests/test_annotations.py. Run from the worktree:
-    /work/main/.venv/bin/python docs/data/epyc2-2026-11-30b/mutants_typecheck.py"""
+"""The real survivors of the thirtieth session's cosmic-ray samples of specs/plan.py (seed
+20261130, 40 of 673: 29 killed, 3 annotations, 8 real) and specs/typecheck.py (40 of 626: 20
+killed, 4 annotations, 2 equivalent, 14 real), each applied to a worktree of main (``git
+worktree add /tmp/mutwt HEAD``, the new test files in it) and run against the test file
+written for them (typecheck's annotation mutants against tests/test_annotations.py); the
+source restored after. Run from the worktree:
+    /work/main/.venv/bin/python docs/data/epyc2-2026-11-30b/mutants_specs.py plan|typecheck"""
 import subprocess
+import sys
 
-PATH, TEST = "src/ptd/specs/typecheck.py", "tests/test_mut_specs_typecheck.py"
-MUTANTS = [
+PLAN = [
+    ("unknown = sorted(set(d) - known)", "unknown = sorted(set(d) ^ known)"),
+    ("if q * q != self.tp or q < 2:", "if q ** q != self.tp or q < 2:"),
+    ("if q * q != self.tp or q < 2:", "if q & q != self.tp or q < 2:"),
+    ('if self.sp and self.seq_len % (self.tp * self.cp):',
+     'if self.sp and self.seq_len % (self.tp << self.cp):'),
+    ('if self.tp_mode != "2d":\n            return self.tp',
+     'if not self.tp_mode != "2d":\n            return self.tp'),
+    ('cp = ("*cp", f"*{self.cp}") if self.cp > 1 else ("", "")',
+     'cp = ("*cp", f"*{self.cp}") if self.cp > 0 else ("", "")'),
+    ('raise PtdError(f"dp*tp*pp{cp[0]} = ', 'raise PtdError(f"dp*tp*pp{cp[ 1]} = '),
+    ("if self.cp > 1 and self.seq_len % (2 * self.cp):",
+     "if self.cp > 2 and self.seq_len % (2 * self.cp):"),
+]
+TYPECHECK = [
     ("{MAX_INPUT_BYTES >> 20} MiB", "{MAX_INPUT_BYTES * 20} MiB"),
     ("type(v) is type(a) and v == a", "type(v) is type(a) and v != a"),
     ("not 0 <= hw.comm_sms < hw.sm_count", "not 0 <= hw.comm_sms != hw.sm_count"),
@@ -30,13 +45,17 @@ ANNOTATIONS = [
     ("name: str, base: str | None,", "name: str, base: str / None,"),
     ("def _ok(tp: Any, v: Any) -> bool | None:", "def _ok(tp: Any, v: Any) -> bool ^ None:"),
 ]
+TARGETS = {"plan": ("src/ptd/specs/plan.py", [(m, "tests/test_mut_specs_plan.py") for m in PLAN]),
+           "typecheck": ("src/ptd/specs/typecheck.py",
+                         [(m, "tests/test_mut_specs_typecheck.py") for m in TYPECHECK]
+                         + [(m, "tests/test_annotations.py") for m in ANNOTATIONS])}
+PATH, RUNS = TARGETS[sys.argv[1]]
 subprocess.run(["find", "src", "tests", "-name", "__pycache__", "-prune", "-exec", "rm", "-rf",
                 "{}", "+"], check=True)
 orig = open(PATH).read()
 killed = 0
 try:
-    for (a, b), test in [(m, TEST) for m in MUTANTS] + [(m, "tests/test_annotations.py")
-                                                        for m in ANNOTATIONS]:
+    for (a, b), test in RUNS:
         assert orig.count(a) == 1, a
         open(PATH, "w").write(orig.replace(a, b))
         r = subprocess.run(["/work/main/.venv/bin/python", "-m", "pytest", "-q", "-n", "0", "-p",
@@ -49,4 +68,4 @@ try:
               b.splitlines()[0].strip(), flush=True)
 finally:
     open(PATH, "w").write(orig)
-print(f"{killed} of {len(MUTANTS) + len(ANNOTATIONS)} killed")
+print(f"{killed} of {len(RUNS)} killed")

@@ -4,6 +4,7 @@ once per ZeRO-3 gather of a pair and nowhere else, and the stage's place in a fu
 calibration only."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,7 @@ from ptd.specs.hardware import (ClusterSpec, get_hardware_preset, hardware_from_
                                 load_hardware)
 from ptd.specs.plan import ParallelPlan
 
+REPO = Path(__file__).resolve().parent.parent
 # SITU_MODEL's block, by hand: wq and wo 256 x 256, wk and wv 128 x 256 (4 kv heads of 32),
 # SwiGLU's three 256 x 704, two norm weights of 256 -- no biases; fp32
 BLOCK_BYTES = 4 * (2 * 256 * 256 + 2 * 128 * 256 + 3 * 256 * 704 + 2 * 256)
@@ -114,7 +116,7 @@ def test_the_residual_closes_the_stage_and_moves_with_its_times():
     same plan's without ZeRO. One more millisecond in the measured backward is 1/6 ms a
     gather (3 units, each gathered twice)."""
     from ptd.runtime.calibrate.tp_situ import SITU_MODEL
-    hw = load_hardware("docs/data/epyc2-2026-11-30/bench1/calibrated.toml")
+    hw = load_hardware(str(REPO / "docs/data/epyc2-2026-11-30/bench1/calibrated.toml"))
     point = _point()
     r = fsdp_residual(point, hw, 2)
     zero3 = ParallelPlan(dp=2, zero=3, micro_batch=4, global_batch=8, seq_len=256, dtype="fp32")

@@ -190,8 +190,8 @@ def fsdp_unit_time(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, n
 
     ZeRO-3 over a pair also pays, on each gather (a unit's forward and its backward, every
     micro-batch), what its work costs in place beyond every priced part
-    (``HardwareSpec.fsdp_situ_measured``, read at a block unit's bytes; 2-3 ms a gather on
-    the 2-core EPYC, where the hooks read 0.6), the unit's cost in each pass not below 0."""
+    (``HardwareSpec.fsdp_situ_measured``, read at a block unit's bytes; 0.1-2.4 ms a gather
+    in six calibrations of the 2-core EPYC, where the hooks read 0.6), the unit's cost in each pass not below 0."""
     keep = "" if plan.zero >= 3 else "_keep"
     f = cluster.overhead(f"fsdp_unit{keep}_forward") or 0.0
     b = cluster.overhead(f"fsdp_unit{keep}_backward") or 0.0

@@ -236,8 +236,8 @@ class HardwareSpec:
     through the points (one point: flat) and charged on every ZeRO-3 gather of a
     data-parallel pair (a unit's per-unit cost not below 0), with at most as many workers
     busy as measured; larger groups and ZeRO-1/2 get none (not measured in place); absent:
-    nothing (GPUs, presets). (2026-11-30, 2 cores: 2.3-3.1 ms a gather, three probes,
-    ``docs/data/epyc2-2026-11-30b/``.)"""
+    nothing (GPUs, presets). (2026-11-30, 2 cores: 2.3-3.1 ms a gather in three probes,
+    0.13-2.36 in six calibrations, ``docs/data/epyc2-2026-11-30b/``.)"""
     moe_layer_measured: dict[str, dict[int, tuple[tuple[float, float, float], ...]]] = field(
         default_factory=dict)
     """From ``ptd calibrate --model M`` (CPU; M a mixture-of-experts model): M's MoE layer --

@@ -30,8 +30,8 @@ FSDP_SITU_MICRO_BATCH = 4
 """Sequences of :data:`SITU_SEQ` tokens a rank runs a step: 1024 tokens, the local batch of
 ``ptd bench scaling``'s ZeRO-3 over 2 (8 x 128) and of ``ptd train``'s default (4 x 256)."""
 FSDP_SITU_ROUNDS = 12
-"""Rounds of (ZeRO-3 pair, plain) steps; the medians are kept. About 0.2 s a round on the
-2-core EPYC."""
+"""Rounds of (ZeRO-3 pair, plain) steps; the medians are kept. About 0.3 s a round on the
+2-core EPYC (the stage ~4 s)."""
 
 
 def fsdp_situ(rank: int, n_active: int, pg: Any, barrier: Any, timeout: float,

@@ -104,7 +104,7 @@ def make_plan(workers: list[int], dtypes: list[str], quick: bool, device: str,
                 # ptd's tp model on a pair, its collectives in place (tp_situ.py): ~10 s on
                 # the 2-core EPYC; left to the full one
                 tp_situ_rounds=0 if cuda or quick else SITU_ROUNDS,
-                # ptd's ZeRO-3 on that model on a pair (fsdp_situ.py): ~5 s; the full one only
+                # ptd's ZeRO-3 on that model on a pair (fsdp_situ.py): ~4 s; the full one only
                 fsdp_situ_rounds=0 if cuda or quick else FSDP_SITU_ROUNDS,
                 gemm_sizes=gemm, attn_shapes=attn,
                 attn_model_shapes=_with_small_heads(list(model_attention or []), cuda),
